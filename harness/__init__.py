@@ -1,0 +1,1 @@
+"""verify-attention harness: bundles, oracle, implementations, parity, timing, sweeps, reports, compare."""

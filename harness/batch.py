@@ -1,0 +1,85 @@
+"""The verify-attention problem as one value: a ragged batch of (prefix, draft tree) requests.
+
+Every implementation in the registry takes a :class:`VerifyBatch` and returns ``(out, lse)``.
+Shapes (DESIGN.md section 1):
+
+    q          [N, H, 576]  bf16   N = sum(num_draft); 576 = 512 latent + 64 RoPE
+    kv_cache   [S, 576]     bf16   page_size=1 pool; V is the first 512 dims of each row
+    kv_indices [K]          int32  request b's slots, prefix first then its draft tokens,
+                                   at kv_indices[kv_indptr[b]:kv_indptr[b+1]]
+    qo_indptr  [B+1]        int32
+    kv_indptr  [B+1]        int32
+    -> out     [N, H, 512], lse [N, H] fp32 (natural log of the softmax denominator)
+
+The tree of request b is ``parents[b]``: ``parents[b][i]`` is the parent of draft node i
+(``-1`` for the root, node 0) and always comes before it. Draft node i sees the whole
+prefix, itself and its ancestors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+QK_DIM = 576
+V_DIM = 512
+ROPE_DIM = QK_DIM - V_DIM
+
+
+@dataclass(frozen=True)
+class VerifyBatch:
+    q: torch.Tensor  # [N, H, 576] bf16
+    kv_cache: torch.Tensor  # [S, 576] bf16
+    kv_indices: torch.Tensor  # [K] int32
+    qo_indptr: torch.Tensor  # [B+1] int32
+    kv_indptr: torch.Tensor  # [B+1] int32
+    prefix_lens: tuple[int, ...]  # P_b per request
+    parents: tuple[tuple[int, ...], ...]  # per request, parent of each draft node (-1 = root)
+    sm_scale: float
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.prefix_lens)
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.q.shape[1])
+
+    @property
+    def num_draft(self) -> tuple[int, ...]:
+        return tuple(len(p) for p in self.parents)
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    def to(self, device: torch.device | str) -> VerifyBatch:
+        """The same batch with every tensor on ``device`` (host metadata unchanged)."""
+        return VerifyBatch(
+            q=self.q.to(device),
+            kv_cache=self.kv_cache.to(device),
+            kv_indices=self.kv_indices.to(device),
+            qo_indptr=self.qo_indptr.to(device),
+            kv_indptr=self.kv_indptr.to(device),
+            prefix_lens=self.prefix_lens,
+            parents=self.parents,
+            sm_scale=self.sm_scale,
+        )
+
+    def kv_bytes(self) -> int:
+        """Bytes of KV rows read once: every referenced row, 576 bf16 each."""
+        return int(self.kv_indices.numel()) * QK_DIM * 2
+
+    def min_bytes(self) -> int:
+        """The fewest bytes the operation must move: KV rows once + q + out (bf16)."""
+        n, h = int(self.q.shape[0]), self.num_heads
+        return self.kv_bytes() + n * h * QK_DIM * 2 + n * h * V_DIM * 2
+
+    def flops(self) -> int:
+        """2 * H * T * (P + T) * (576 + 512) summed over requests (DESIGN.md section 5)."""
+        h = self.num_heads
+        return sum(
+            2 * h * len(par) * (p + len(par)) * (QK_DIM + V_DIM)
+            for p, par in zip(self.prefix_lens, self.parents, strict=True)
+        )

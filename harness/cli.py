@@ -1,0 +1,37 @@
+"""``python -m harness <command>``: one entry point; each command lives in its own module.
+
+Each module listed in ``COMMANDS`` defines ``register_cli(subparsers)``, which adds its
+parser and sets ``func`` to a callable taking the parsed namespace and returning an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = (
+    "harness.bundles",
+    "harness.parity",
+    "harness.sweep",
+    "harness.report",
+    "harness.compare",
+    "harness.ab",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in COMMANDS:
+        importlib.import_module(module).register_cli(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,166 @@
+"""results.json: one versioned schema for parity, sweep and A/B runs (DESIGN.md section 6).
+
+Data flows one way: runs produce rows, rows go into a :class:`Results`, which is written
+atomically (temp file + rename) and later read by the report and compare steps.
+
+Top-level layout (``schema_version`` 1)::
+
+    schema            "verify-attention/results"
+    schema_version    1
+    kind              "parity" | "sweep" | "ab"
+    created_utc       ISO-8601 time of the run
+    command           the command line that produced it
+    git               {sha, dirty, describe}
+    environment       {gpu: {...} | null, python, platform, torch, cuda, triton, sglang, build_flags}
+    ceilings          {copy_bandwidth_gbs, bf16_tflops, method} | null  (measured in the same run)
+    parity            [ParityRow ...]
+    sweep             [SweepRow ...]
+    unavailable       [{impl, reason}]
+    notes             [str ...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "verify-attention/results"
+SCHEMA_VERSION = 1
+
+
+class ResultsError(ValueError):
+    """A results.json that cannot be used: wrong schema, wrong version, truncated, malformed."""
+
+
+@dataclass(frozen=True)
+class ParityRow:
+    bundle: str
+    impl: str
+    status: str  # "pass" | "fail" | "unavailable" | "error"
+    reason: str = ""  # why it failed or could not run ("" on pass)
+    max_rel_err: float | None = None  # max over (token, head) rows of ||out-ref|| / ||ref||
+    min_cosine: float | None = None
+    max_lse_abs_err: float | None = None  # None when the implementation returns no lse
+    tokens_match: bool | None = None  # target tokens equal the golden ones
+    path_match: bool | None = None  # accepted path equals the golden one
+    num_rows: int = 0
+    worst_row: str = ""  # "token 3, head 5" of the largest relative error
+    run_time_s: float | None = None
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    case_id: str  # readable id, e.g. "B1-P65536-T16-H8-shuffled"
+    impl: str
+    params: dict[str, Any]  # batch_size, prefix_len, num_heads, tree_size, layout, ...
+    mode: str  # "cold" (L2 flushed/rotated) | "graph" (CUDA-graph replay)
+    samples_ms: list[float]
+    median_ms: float
+    iqr_ms: float
+    min_ms: float
+    max_ms: float
+    bytes: int
+    flops: int
+    floor_ms: float | None = None
+    pct_of_floor: float | None = None  # 100 * floor / median
+    bandwidth_gbs: float | None = None
+    tflops: float | None = None
+    speedup: dict[str, float] = field(default_factory=dict)  # over other impls, same case+mode
+    nvml_before: dict[str, Any] | None = None
+    nvml_after: dict[str, Any] | None = None
+    throttled: bool = False
+    throttle_reasons: list[str] = field(default_factory=list)
+    note: str = ""  # e.g. "fewer samples: slow implementation"; the error when status is "error"
+    repro: str = ""  # a command that re-times this case alone
+    # "ok" | "error": an error row (the call raised, or its output had NaN/Inf) has no samples and
+    # zero statistics; it is never timed
+    status: str = "ok"
+    cold_l2: str = ""  # how L2 was made cold: "flush 120 MB", "rotate 7 input sets"
+
+
+@dataclass
+class Results:
+    kind: str
+    created_utc: str
+    command: str
+    git: dict[str, Any]
+    environment: dict[str, Any]
+    ceilings: dict[str, Any] | None = None
+    parity: list[ParityRow] = field(default_factory=list)
+    sweep: list[SweepRow] = field(default_factory=list)
+    unavailable: list[dict[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **d}
+
+    @classmethod
+    def from_json(cls, d: Any, source: str = "results.json") -> Results:
+        if not isinstance(d, dict):
+            raise ResultsError(f"{source}: expected a JSON object at the top level, got {type(d).__name__}")
+        if d.get("schema") != SCHEMA:
+            raise ResultsError(f"{source}: 'schema' is {d.get('schema')!r}, expected {SCHEMA!r}")
+        if d.get("schema_version") != SCHEMA_VERSION:
+            raise ResultsError(
+                f"{source}: 'schema_version' is {d.get('schema_version')!r}, this reader handles {SCHEMA_VERSION}"
+            )
+        for key in ("kind", "created_utc", "command", "git", "environment"):
+            if key not in d:
+                raise ResultsError(f"{source}: missing required field {key!r}")
+        try:
+            parity = [ParityRow(**r) for r in d.get("parity", [])]
+            sweep = [SweepRow(**r) for r in d.get("sweep", [])]
+        except TypeError as e:
+            raise ResultsError(f"{source}: a parity or sweep row has unexpected fields: {e}") from e
+        return cls(
+            kind=d["kind"],
+            created_utc=d["created_utc"],
+            command=d["command"],
+            git=d["git"],
+            environment=d["environment"],
+            ceilings=d.get("ceilings"),
+            parity=parity,
+            sweep=sweep,
+            unavailable=list(d.get("unavailable", [])),
+            notes=list(d.get("notes", [])),
+        )
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a crash leaves either the old file or the new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_results(results: Results, path: Path) -> None:
+    atomic_write_text(Path(path), json.dumps(results.to_json(), indent=1, allow_nan=False) + "\n")
+
+
+def load_results(path: Path) -> Results:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.json"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as e:
+        raise ResultsError(f"{path}: no such results file") from e
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ResultsError(f"{path}: not valid JSON (truncated or corrupt?): {e}") from e
+    return Results.from_json(d, source=str(path))

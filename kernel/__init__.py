@@ -1,0 +1,93 @@
+"""verify-attention: tensor-core split-K verify attention for MLA tree drafts (page_size=1).
+
+    from kernel import verify_attention, pack_parents
+
+    tree_mask, tree_mask_indptr = pack_parents(parents)          # once per tree shape, on the CPU
+    out, lse = verify_attention(q, kv_cache, kv_indices, qo_indptr, kv_indptr,
+                                tree_mask.cuda(), tree_mask_indptr.cuda(), sm_scale)
+
+The CUDA extension is built on first use (JIT, cached by source hash and GPU arch; see
+``kernel/build.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .build import load_extension
+from .tree_mask import pack_parents, pack_visibility, visibility_from_parents, words_per_row
+
+__all__ = [
+    "verify_attention",
+    "pack_parents",
+    "pack_visibility",
+    "visibility_from_parents",
+    "words_per_row",
+    "load_extension",
+]
+
+
+def verify_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    kv_indices: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    tree_mask: torch.Tensor,
+    tree_mask_indptr: torch.Tensor,
+    sm_scale: float,
+    *,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    validate: bool = True,
+    config: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Verify attention of a ragged batch of draft trees against their paged prefixes.
+
+    Args (all on one CUDA device):
+        q:                [N, H, 576] bf16, N = sum_b T_b; 512 latent dims then 64 RoPE dims.
+        kv_cache:         [S, 576] (or [S, 1, 576]) bf16; V is the first 512 dims of a row.
+        kv_indices:       [K] int32, request b's slots at kv_indices[kv_indptr[b]:kv_indptr[b+1]]:
+                          its P_b prefix slots, then the slots of its T_b draft tokens.
+        qo_indptr:        [B+1] int32, request b's queries are q[qo_indptr[b]:qo_indptr[b+1]].
+        kv_indptr:        [B+1] int32.
+        tree_mask:        packed int32 visibility words (kernel/tree_mask.py).
+        tree_mask_indptr: [B+1] int32 word offsets into tree_mask.
+        sm_scale:         softmax scale applied to q.k.
+        out, lse:         optional preallocated outputs ([N, H, 512] bf16, [N, H] fp32).
+        validate:         also check what needs the device data (indptr monotonic and consistent,
+                          T_b >= 1, slots inside the pool, every draft token sees itself). This copies
+                          the indptrs and the tree mask to the host (a sync), so it is skipped while
+                          the stream is captured into a CUDA graph; pass False in hot loops once the
+                          inputs are known good. Shape, dtype and device checks always run.
+        config:           "auto" (by the device's shared memory), "large" (M=64, >= 146 KB shared
+                          memory per block: sm_80/sm_90/sm_100) or "small" (M=32, 91 KB: sm_120).
+
+    Returns:
+        (out [N, H, 512] bf16, lse [N, H] fp32): lse is the natural log of each row's softmax
+        denominator, for merging with other attention states.
+
+    No host synchronisation and no data-dependent allocation: the call can be captured in a
+    CUDA graph. Output is bitwise deterministic for identical inputs.
+    """
+    if config not in _CONFIGS:
+        raise ValueError(f"config must be one of {sorted(_CONFIGS)}, got {config!r}")
+    out, lse = load_extension().verify_attention(
+        q,
+        kv_cache,
+        kv_indices,
+        qo_indptr,
+        kv_indptr,
+        tree_mask,
+        tree_mask_indptr,
+        float(sm_scale),
+        out,
+        lse,
+        validate,
+        _CONFIGS[config],
+        0,
+    )
+    return out, lse
+
+
+_CONFIGS = {"auto": 0, "large": 1, "small": 2}

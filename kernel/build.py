@@ -1,0 +1,88 @@
+"""JIT build of the CUDA extension (torch.utils.cpp_extension + ninja), cached by source hash.
+
+The module name carries a hash of the sources, the target archs and the flags, so two
+revisions of the kernel (an A/B run) or two arch lists never share a build. Builds land in
+``$VERIFY_ATTN_BUILD_DIR`` or ``~/.cache/verify-attention/<name>``.
+
+Target archs: ``$VERIFY_ATTN_ARCHS`` (e.g. ``"9.0;12.0"``), else the current GPU's compute
+capability. ``python -m kernel.ptxas_check`` compiles the kernels for sm_90 and sm_120 on any
+machine with nvcc, without a GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from types import ModuleType
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = ("binding.cpp", "verify_attention.cu")
+HEADERS = ("verify_attention.cuh", "verify_attention.h")
+CUDA_FLAGS = ("-O3", "-std=c++17", "--use_fast_math", "-lineinfo")
+CXX_FLAGS = ("-O3", "-std=c++17")
+
+_loaded: ModuleType | None = None
+
+
+def target_archs() -> str:
+    env = os.environ.get("VERIFY_ATTN_ARCHS")
+    if env:
+        return env
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "no CUDA device to build for: set VERIFY_ATTN_ARCHS (e.g. '9.0;12.0') to build without one"
+        )
+    major, minor = torch.cuda.get_device_capability()
+    return f"{major}.{minor}"
+
+
+def source_hash(archs: str) -> str:
+    h = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        h.update(name.encode())
+        h.update((CSRC / name).read_bytes())
+    h.update(archs.encode())
+    h.update(" ".join(CUDA_FLAGS + CXX_FLAGS).encode())
+    return h.hexdigest()[:16]
+
+
+def load_extension(verbose: bool = False) -> ModuleType:
+    """Build (first call, ~1-2 minutes) or load the cached extension module."""
+    global _loaded
+    if _loaded is not None:
+        return _loaded
+    from torch.utils import cpp_extension
+
+    archs = target_archs()
+    name = f"verify_attention_{source_hash(archs)}"
+    build_dir = (
+        Path(os.environ.get("VERIFY_ATTN_BUILD_DIR", Path.home() / ".cache" / "verify-attention")) / name
+    )
+    build_dir.mkdir(parents=True, exist_ok=True)
+    previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = archs
+    try:
+        _loaded = cpp_extension.load(
+            name=name,
+            sources=[str(CSRC / s) for s in SOURCES],
+            extra_cflags=list(CXX_FLAGS),
+            extra_cuda_cflags=list(CUDA_FLAGS),
+            extra_include_paths=[str(CSRC)],
+            build_directory=str(build_dir),
+            verbose=verbose,
+        )
+    finally:
+        if previous is None:
+            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = previous
+    return _loaded
+
+
+def build_flags() -> dict[str, object]:
+    """What a report records about the build."""
+    archs = os.environ.get("VERIFY_ATTN_ARCHS", "")
+    return {"cuda_flags": list(CUDA_FLAGS), "cxx_flags": list(CXX_FLAGS), "archs_env": archs}

@@ -1,0 +1,187 @@
+// The torch binding: every argument check lives here, each error names its argument.
+//
+// Shape and dtype checks are free (host metadata). Checks that read device data (indptr
+// monotonic, T_b >= 1, slots inside the pool, a tree that sees itself) need a copy to the host,
+// so they run only when `validate` is true and the stream is not being captured into a graph.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "verify_attention.h"
+
+namespace {
+
+constexpr int64_t kQKDim = 576;
+constexpr int64_t kVDim = 512;
+
+std::string shape_str(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+void check_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype, const at::Device& device) {
+  TORCH_CHECK(t.device() == device, name, " must be on ", device, " (where q is), got ", t.device());
+  TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous (shape ", shape_str(t), ", strides ", t.strides(), ")");
+}
+
+void check_indptr_values(const std::vector<int32_t>& v, const char* name, int64_t last_expected,
+                         const char* last_what) {
+  TORCH_CHECK(v[0] == 0, name, "[0] must be 0, got ", v[0]);
+  for (size_t i = 1; i < v.size(); ++i)
+    TORCH_CHECK(v[i] >= v[i - 1], name, " must be non-decreasing: ", name, "[", i, "] = ", v[i], " < ", name, "[",
+                i - 1, "] = ", v[i - 1]);
+  TORCH_CHECK(v.back() == last_expected, name, "[-1] = ", v.back(), " must equal ", last_what, " = ",
+              last_expected);
+}
+
+std::vector<int32_t> to_host(const at::Tensor& t) {
+  at::Tensor h = t.to(at::kCPU);
+  return std::vector<int32_t>(h.data_ptr<int32_t>(), h.data_ptr<int32_t>() + h.numel());
+}
+
+void validate_data(const at::Tensor& q, const at::Tensor& kv_indices, const at::Tensor& qo_indptr,
+                   const at::Tensor& kv_indptr, const at::Tensor& tree_mask, const at::Tensor& tree_mask_indptr,
+                   int64_t num_slots) {
+  const int64_t N = q.size(0), K = kv_indices.numel();
+  const auto qo = to_host(qo_indptr), kvp = to_host(kv_indptr), tmp = to_host(tree_mask_indptr);
+  check_indptr_values(qo, "qo_indptr", N, "q.size(0)");
+  check_indptr_values(kvp, "kv_indptr", K, "kv_indices.numel()");
+  check_indptr_values(tmp, "tree_mask_indptr", tree_mask.numel(), "tree_mask.numel()");
+  const int64_t B = static_cast<int64_t>(qo.size()) - 1;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t T = qo[b + 1] - qo[b], len = kvp[b + 1] - kvp[b];
+    TORCH_CHECK(T >= 1, "request ", b, " has no draft token (qo_indptr[", b + 1, "] == qo_indptr[", b,
+                "] = ", qo[b], "); every request needs T_b >= 1");
+    TORCH_CHECK(len >= T, "request ", b, " has ", len, " KV slots (kv_indptr) but ", T,
+                " draft tokens (qo_indptr); its slots must be its prefix then its draft tokens");
+    const int64_t words = (T + 31) / 32;
+    TORCH_CHECK(tmp[b + 1] - tmp[b] == T * words, "tree_mask_indptr: request ", b, " has ", tmp[b + 1] - tmp[b],
+                " words, expected T_b * ceil(T_b / 32) = ", T * words);
+  }
+  if (K > 0) {
+    auto [mn, mx] = at::aminmax(kv_indices);
+    const int64_t lo = mn.item<int32_t>(), hi = mx.item<int32_t>();
+    if (lo < 0 || hi >= num_slots) {
+      const at::Tensor bad = at::nonzero((kv_indices < 0).logical_or(kv_indices >= num_slots)).to(at::kCPU);
+      const int64_t i = bad[0][0].item<int64_t>();
+      TORCH_CHECK(false, "kv_indices[", i, "] = ", kv_indices[i].item<int32_t>(), " is outside the pool of ",
+                  num_slots, " slots (kv_cache.size(0))");
+    }
+  }
+  // Every draft token must see itself: otherwise a row with no prefix could see nothing at all.
+  const auto mask = to_host(tree_mask);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t T = qo[b + 1] - qo[b], words = (T + 31) / 32;
+    for (int64_t i = 0; i < T; ++i) {
+      const uint32_t w = static_cast<uint32_t>(mask[tmp[b] + i * words + i / 32]);
+      TORCH_CHECK((w >> (i % 32)) & 1u, "tree_mask: draft token ", i, " of request ", b,
+                  " does not see itself (its diagonal bit is 0)");
+    }
+  }
+}
+
+std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& kv_cache_in,
+                                         const at::Tensor& kv_indices, const at::Tensor& qo_indptr,
+                                         const at::Tensor& kv_indptr, const at::Tensor& tree_mask,
+                                         const at::Tensor& tree_mask_indptr, double sm_scale,
+                                         c10::optional<at::Tensor> out_opt, c10::optional<at::Tensor> lse_opt,
+                                         bool validate, int64_t config, int64_t max_partials) {
+  // q [N, H, 576] bf16, kv_cache [S, 576] or [S, 1, 576] bf16
+  TORCH_CHECK(q.is_cuda(), "q must be a CUDA tensor, got device ", q.device());
+  const at::Device device = q.device();
+  check_tensor(q, "q", at::kBFloat16, device);
+  TORCH_CHECK(q.dim() == 3 && q.size(2) == kQKDim, "q must be [num_tokens, num_heads, 576], got ", shape_str(q));
+  at::Tensor kv_cache = kv_cache_in;
+  if (kv_cache.dim() == 3) {
+    TORCH_CHECK(kv_cache.size(1) == 1, "kv_cache as [S, 1, 576] must have one KV head (MLA), got ",
+                shape_str(kv_cache));
+    kv_cache = kv_cache.view({kv_cache.size(0), kv_cache.size(2)});
+  }
+  check_tensor(kv_cache, "kv_cache", at::kBFloat16, device);
+  TORCH_CHECK(kv_cache.dim() == 2 && kv_cache.size(1) == kQKDim,
+              "kv_cache must be [num_slots, 576] or [num_slots, 1, 576], got ", shape_str(kv_cache_in));
+  check_tensor(kv_indices, "kv_indices", at::kInt, device);
+  check_tensor(qo_indptr, "qo_indptr", at::kInt, device);
+  check_tensor(kv_indptr, "kv_indptr", at::kInt, device);
+  check_tensor(tree_mask, "tree_mask", at::kInt, device);
+  check_tensor(tree_mask_indptr, "tree_mask_indptr", at::kInt, device);
+  TORCH_CHECK(kv_indices.dim() == 1, "kv_indices must be 1-D [K], got ", shape_str(kv_indices));
+  TORCH_CHECK(tree_mask.dim() == 1, "tree_mask must be 1-D (packed words), got ", shape_str(tree_mask));
+  TORCH_CHECK(qo_indptr.dim() == 1 && qo_indptr.size(0) >= 1, "qo_indptr must be 1-D [B+1], got ",
+              shape_str(qo_indptr));
+  const int64_t B = qo_indptr.size(0) - 1, N = q.size(0), H = q.size(1), S = kv_cache.size(0);
+  TORCH_CHECK(kv_indptr.dim() == 1 && kv_indptr.size(0) == B + 1, "kv_indptr must be [B+1] = [", B + 1,
+              "] like qo_indptr, got ", shape_str(kv_indptr));
+  TORCH_CHECK(tree_mask_indptr.dim() == 1 && tree_mask_indptr.size(0) == B + 1, "tree_mask_indptr must be [B+1] = [",
+              B + 1, "] like qo_indptr, got ", shape_str(tree_mask_indptr));
+  TORCH_CHECK(H >= 1, "q must have at least one head, got ", shape_str(q));
+  TORCH_CHECK(N >= B, "q has ", N, " tokens but there are ", B, " requests, each with at least one draft token");
+  const int64_t int_max = std::numeric_limits<int32_t>::max();
+  TORCH_CHECK(S <= int_max, "kv_cache has ", S, " slots; at most 2^31 - 1 are supported (int32 kv_indices)");
+  TORCH_CHECK(N * H <= int_max, "num_tokens * num_heads = ", N * H, " exceeds the supported 2^31 - 1 rows");
+  TORCH_CHECK(kv_indices.numel() <= int_max, "kv_indices has ", kv_indices.numel(), " entries; at most 2^31 - 1");
+  TORCH_CHECK(std::isfinite(sm_scale) && sm_scale > 0, "sm_scale must be a finite positive number, got ", sm_scale);
+  TORCH_CHECK(config >= 0 && config <= 2, "config must be 0 (auto), 1 (large) or 2 (small), got ", config);
+
+  at::Tensor out = out_opt.has_value() ? *out_opt : at::empty({N, H, kVDim}, q.options());
+  at::Tensor lse = lse_opt.has_value() ? *lse_opt : at::empty({N, H}, q.options().dtype(at::kFloat));
+  check_tensor(out, "out", at::kBFloat16, device);
+  TORCH_CHECK(out.dim() == 3 && out.size(0) == N && out.size(1) == H && out.size(2) == kVDim, "out must be [", N,
+              ", ", H, ", 512], got ", shape_str(out));
+  check_tensor(lse, "lse", at::kFloat, device);
+  TORCH_CHECK(lse.dim() == 2 && lse.size(0) == N && lse.size(1) == H, "lse must be [", N, ", ", H, "], got ",
+              shape_str(lse));
+
+  const c10::cuda::CUDAGuard guard(device);
+  if (validate && c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None)
+    validate_data(q, kv_indices, qo_indptr, kv_indptr, tree_mask, tree_mask_indptr, S);
+  if (B == 0) return {out, lse};
+
+  va::Plan plan{};
+  cudaError_t e = va::make_plan(device.index(), static_cast<int>(B), static_cast<int>(N), static_cast<int>(H),
+                                static_cast<int>(config), static_cast<int>(max_partials), &plan);
+  TORCH_CHECK(e != cudaErrorInvalidValue, "config ", config, " needs ", va::config_smem_bytes(static_cast<int>(config)),
+              " bytes of shared memory per block, more than ", device, " allows");
+  C10_CUDA_CHECK(e);
+  at::Tensor workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)}, q.options().dtype(at::kByte));
+
+  va::Args args{};
+  args.q = q.data_ptr();
+  args.kv = kv_cache.data_ptr();
+  args.kv_indices = kv_indices.data_ptr<int32_t>();
+  args.qo_indptr = qo_indptr.data_ptr<int32_t>();
+  args.kv_indptr = kv_indptr.data_ptr<int32_t>();
+  args.tree_mask = tree_mask.data_ptr<int32_t>();
+  args.tree_mask_indptr = tree_mask_indptr.data_ptr<int32_t>();
+  args.out = out.data_ptr();
+  args.lse = lse.data_ptr<float>();
+  args.workspace = workspace.data_ptr();
+  args.batch = static_cast<int>(B);
+  args.num_tokens = static_cast<int>(N);
+  args.num_heads = static_cast<int>(H);
+  args.num_slots = static_cast<int>(S);
+  args.sm_scale = static_cast<float>(sm_scale);
+  C10_CUDA_CHECK(va::launch(args, plan, c10::cuda::getCurrentCUDAStream(device.index()).stream()));
+  return {out, lse};
+}
+
+std::string build_info() { return va::build_info(); }
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("verify_attention", &verify_attention, "MLA tree verify attention (see kernel/__init__.py)", py::arg("q"),
+        py::arg("kv_cache"), py::arg("kv_indices"), py::arg("qo_indptr"), py::arg("kv_indptr"), py::arg("tree_mask"),
+        py::arg("tree_mask_indptr"), py::arg("sm_scale"), py::arg("out") = py::none(), py::arg("lse") = py::none(),
+        py::arg("validate") = true, py::arg("config") = 0, py::arg("max_partials") = 0);
+  m.def("build_info", &build_info, "kernel configuration and compiler");
+}

@@ -1,0 +1,114 @@
+// Launchers for the verify-attention kernels (torch-free).
+#include "verify_attention.cuh"
+#include "verify_attention.h"
+
+namespace va {
+namespace {
+
+constexpr int kMinSplitKeys = 256;  // a split amortises its Q load and partial write over >= 256 keys
+
+size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+
+template <class Cfg>
+size_t workspace_bytes(int batch, int max_partials) {
+  size_t ints = 2 + (batch + 1) + 2 * static_cast<size_t>(batch);
+  return align256(ints * 4) + align256(static_cast<size_t>(max_partials) * Cfg::kM * 4) +
+         static_cast<size_t>(max_partials) * Cfg::kM * kVDim * 4;
+}
+
+template <class Cfg>
+void fill_plan(int batch, int num_tokens, int num_heads, int max_partials, int config, Plan* plan) {
+  plan->config = config;
+  plan->rows_per_cta = Cfg::kM;
+  plan->block_n = Cfg::kBlockN;
+  plan->stages = Cfg::kStages;
+  plan->threads = Cfg::kThreads;
+  plan->smem_bytes = Cfg::kSmemBytes;
+  plan->max_partials = max_partials;
+  // Unsplit work: sum_b ceil(T_b H / M) <= N H / M + B.
+  const long long unsplit = static_cast<long long>(num_tokens) * num_heads / Cfg::kM + batch;
+  plan->max_items = static_cast<int>(unsplit > max_partials ? unsplit : max_partials);
+  plan->workspace_bytes = workspace_bytes<Cfg>(batch, max_partials);
+}
+
+template <class Cfg>
+cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream) {
+  Params p{};
+  p.q = static_cast<const __nv_bfloat16*>(a.q);
+  p.kv = static_cast<const __nv_bfloat16*>(a.kv);
+  p.kv_indices = a.kv_indices;
+  p.qo_indptr = a.qo_indptr;
+  p.kv_indptr = a.kv_indptr;
+  p.tree_mask = a.tree_mask;
+  p.tree_mask_indptr = a.tree_mask_indptr;
+  p.out = static_cast<__nv_bfloat16*>(a.out);
+  p.lse = a.lse;
+  char* ws = static_cast<char*>(a.workspace);
+  int32_t* ints = reinterpret_cast<int32_t*>(ws);
+  p.plan = ints;
+  p.item_prefix = ints + 2;
+  p.partial_base = p.item_prefix + a.batch + 1;
+  p.num_splits = p.partial_base + a.batch;
+  const size_t ints_bytes = align256((2 + (a.batch + 1) + 2 * static_cast<size_t>(a.batch)) * 4);
+  p.partial_lse = reinterpret_cast<float*>(ws + ints_bytes);
+  p.partial_o = reinterpret_cast<float*>(ws + ints_bytes +
+                                         align256(static_cast<size_t>(plan.max_partials) * Cfg::kM * 4));
+  p.batch = a.batch;
+  p.num_heads = a.num_heads;
+  p.num_slots = a.num_slots;
+  p.scale_log2 = a.sm_scale * 1.4426950408889634f;
+  p.max_items = plan.max_items;
+  p.max_partials = plan.max_partials;
+  p.min_split_tiles = (kMinSplitKeys + Cfg::kBlockN - 1) / Cfg::kBlockN;
+
+  // Raising the dynamic shared-memory limit is not a stream operation, so it is legal during
+  // graph capture; it is cheap, but done once per process and config all the same.
+  static bool smem_set = false;
+  if (!smem_set) {
+    cudaError_t e = cudaFuncSetAttribute(verify_attention_kernel<Cfg>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    if (e != cudaSuccess) return e;
+    smem_set = true;
+  }
+  plan_kernel<Cfg><<<1, kPlanThreads, 0, stream>>>(p);
+  verify_attention_kernel<Cfg><<<plan.max_items, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  const int rows = a.num_tokens * a.num_heads;
+  combine_kernel<Cfg><<<(rows + kCombineWarps - 1) / kCombineWarps, kCombineWarps * 32, 0, stream>>>(p, rows);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+int config_smem_bytes(int config) {
+  return config == kConfigSmall ? ConfigSmall::kSmemBytes : ConfigLarge::kSmemBytes;
+}
+
+cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int config, int max_partials,
+                      Plan* plan) {
+  int smem_optin = 0, sms = 0;
+  cudaError_t e = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (e != cudaSuccess) return e;
+  e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) return e;
+  if (config == kConfigAuto) config = smem_optin >= ConfigLarge::kSmemBytes ? kConfigLarge : kConfigSmall;
+  if (smem_optin < config_smem_bytes(config)) return cudaErrorInvalidValue;
+  // One CTA per SM fits (shared memory bound), so about one wave of work items.
+  if (max_partials <= 0) max_partials = sms;
+  if (config == kConfigLarge) fill_plan<ConfigLarge>(batch, num_tokens, num_heads, max_partials, config, plan);
+  else fill_plan<ConfigSmall>(batch, num_tokens, num_heads, max_partials, config, plan);
+  return cudaSuccess;
+}
+
+cudaError_t launch(const Args& args, const Plan& plan, cudaStream_t stream) {
+  if (plan.config == kConfigLarge) return launch_impl<ConfigLarge>(args, plan, stream);
+  return launch_impl<ConfigSmall>(args, plan, stream);
+}
+
+const char* build_info() {
+#define VA_STR2(x) #x
+#define VA_STR(x) VA_STR2(x)
+  return "mma.sync m16n8k16 bf16; large: M=64 BN=32 stages=2 (8 warps); small: M=32 BN=16 stages=3 "
+         "(4 warps); nvcc " VA_STR(__CUDACC_VER_MAJOR__) "." VA_STR(__CUDACC_VER_MINOR__);
+}
+
+}  // namespace va

@@ -1,0 +1,538 @@
+// Verify attention for MLA tree drafts: torch-free kernel code.
+//
+// One launch = three kernels:
+//   1. plan:    picks one split length L (a multiple of the KV tile) so that the work items
+//               (request, prefix split, row tile) about fill the GPU once, and lays the items out.
+//               It runs on the device so the call never syncs with the host (graph-capturable).
+//   2. main:    one CTA per work item. Rows are (draft token, head) pairs of one request, folded
+//               into M-row tiles; each KV tile is gathered once (cp.async, 16-byte chunks of the
+//               1152-byte rows) and used for both QK (576 dims) and PV (first 512 dims).
+//   3. combine: merges the splits of each row in a fixed order (bitwise deterministic).
+//
+// Warp layout of the main kernel: warps come in pairs; both warps of a pair own the same 16 rows
+// and compute the same S = Q K^T tile (mma.sync m16n8k16 bf16), each keeps half of the 512 output
+// dims in registers (16 x 256 fp32 = 128 registers per thread). Recomputing S in both warps costs
+// ~half of the QK work again but needs no cross-warp softmax exchange; see kernel/NOTES.md.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace va {
+
+constexpr int kQKDim = 576;  // 512 latent + 64 RoPE
+constexpr int kVDim = 512;
+constexpr int kChunksPerRow = kQKDim * 2 / 16;  // 72 chunks of 16 bytes per KV / Q row
+// +8 bf16 per shared-memory row: a 1168-byte stride puts the 8 rows of an ldmatrix phase on
+// distinct 4-bank groups, so both the plain and the transposed loads are conflict-free.
+constexpr int kSmemRow = kQKDim + 8;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Tile configuration. kRowGroups x 16 rows per CTA, 2 warps per row group.
+template <int kRowGroups_, int kBlockN_, int kStages_>
+struct Config {
+  static constexpr int kRowGroups = kRowGroups_;
+  static constexpr int kBlockN = kBlockN_;  // keys per KV tile
+  static constexpr int kStages = kStages_;  // cp.async pipeline depth
+  static constexpr int kM = 16 * kRowGroups;
+  static constexpr int kWarps = 2 * kRowGroups;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kSmemBytes = (kM + kStages * kBlockN) * kSmemRow * 2;
+  static_assert(kBlockN % 16 == 0, "KV tile must be a multiple of the mma k-step");
+  static_assert(kStages >= 2, "need at least double buffering");
+};
+
+// Large-shared-memory parts (sm_80, sm_90, sm_100: >= 160 KB per block).
+using ConfigLarge = Config<4, 32, 2>;   // M=64, 8 warps, 146 KB
+// sm_120 / sm_86 / sm_89: 99 KB per block, ~100 KB per SM.
+using ConfigSmall = Config<2, 16, 3>;   // M=32, 4 warps, 91 KB
+
+struct Params {
+  const __nv_bfloat16* q;             // [N, H, 576]
+  const __nv_bfloat16* kv;            // [S, 576]
+  const int32_t* kv_indices;          // [K]
+  const int32_t* qo_indptr;           // [B+1]
+  const int32_t* kv_indptr;           // [B+1]
+  const int32_t* tree_mask;           // packed words, see kernel/tree_mask.py
+  const int32_t* tree_mask_indptr;    // [B+1]
+  __nv_bfloat16* out;                 // [N, H, 512]
+  float* lse;                         // [N, H]
+  // workspace written by the plan kernel
+  int32_t* plan;                      // [2]: split length L, number of work items
+  int32_t* item_prefix;               // [B+1] exclusive prefix of items per request
+  int32_t* partial_base;              // [B]   first partial slot of a split request, -1 if unsplit
+  int32_t* num_splits;                // [B]
+  float* partial_o;                   // [max_partials, M, 512] normalised partial outputs
+  float* partial_lse;                 // [max_partials, M]      natural-log lse of each partial
+  int batch;
+  int num_heads;
+  int num_slots;
+  float scale_log2;                   // sm_scale * log2(e)
+  int max_items;                      // grid size of the main kernel
+  int max_partials;                   // target items: splitting stops at this many
+  int min_split_tiles;                // a split holds at least this many KV tiles
+};
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global -> shared, zero-filling when !valid (no bytes are read then).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// D = A * B + D, m16n8k16, bf16 inputs, fp32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// Largest r in [0, n) with prefix[r] <= x (prefix non-decreasing, prefix[0] <= x).
+__device__ __forceinline__ int upper_index(const int32_t* prefix, int n, int x) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) >> 1;
+    if (__ldg(prefix + mid) <= x) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. plan
+// ---------------------------------------------------------------------------------------------
+constexpr int kPlanThreads = 256;
+
+__device__ __forceinline__ int block_sum(int v, int* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  int total = 0;
+  for (int w = 0; w < kPlanThreads / 32; ++w) total += scratch[w];
+  return total;
+}
+
+// Exclusive block-wide scan of v; returns (exclusive prefix, block total via *total).
+__device__ __forceinline__ int block_exclusive_scan(int v, int* scratch, int* total) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int inc = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    int n = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += n;
+  }
+  __syncthreads();
+  if (lane == 31) scratch[warp] = inc;
+  __syncthreads();
+  int warp_base = 0, sum = 0;
+  for (int w = 0; w < kPlanThreads / 32; ++w) {
+    if (w < warp) warp_base += scratch[w];
+    sum += scratch[w];
+  }
+  *total = sum;
+  return warp_base + inc - v;
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(kPlanThreads) plan_kernel(Params p) {
+  __shared__ int scratch[kPlanThreads / 32];
+  const int H = p.num_heads;
+  // Largest request and number of row tiles with no split.
+  int max_len = 0, unsplit = 0;
+  for (int b = threadIdx.x; b < p.batch; b += kPlanThreads) {
+    const int len = p.kv_indptr[b + 1] - p.kv_indptr[b];
+    const int rows = (p.qo_indptr[b + 1] - p.qo_indptr[b]) * H;
+    max_len = max(max_len, len);
+    unsplit += ceil_div(rows, Cfg::kM);
+  }
+  for (int o = 16; o > 0; o >>= 1) max_len = max(max_len, __shfl_xor_sync(0xffffffffu, max_len, o));
+  __shared__ int s_max[kPlanThreads / 32];
+  if (threadIdx.x % 32 == 0) s_max[threadIdx.x / 32] = max_len;
+  __syncthreads();
+  max_len = 0;
+  for (int w = 0; w < kPlanThreads / 32; ++w) max_len = max(max_len, s_max[w]);
+  unsplit = block_sum(unsplit, scratch);
+
+  // Smallest split length (in tiles) whose item count fits max_partials; no split at all when
+  // the unsplit work already fills the GPU. Item count is non-increasing in the length, so
+  // bisect. Every CTA of the block takes the same branches (values are block-uniform).
+  const int max_tiles = max(1, ceil_div(max_len, Cfg::kBlockN));
+  int lo = min(p.min_split_tiles, max_tiles), hi = max_tiles;
+  if (unsplit >= p.max_partials) lo = hi;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    const int L = mid * Cfg::kBlockN;
+    int items = 0;
+    for (int b = threadIdx.x; b < p.batch; b += kPlanThreads) {
+      const int len = p.kv_indptr[b + 1] - p.kv_indptr[b];
+      const int rows = (p.qo_indptr[b + 1] - p.qo_indptr[b]) * H;
+      items += ceil_div(len, L) * ceil_div(rows, Cfg::kM);
+    }
+    items = block_sum(items, scratch);
+    if (items <= p.max_partials) hi = mid; else lo = mid + 1;
+  }
+  const int L = lo * Cfg::kBlockN;
+
+  // Lay out items (request-major) and partial slots (only split requests use them).
+  int item_base = 0, partial_base = 0;
+  for (int b0 = 0; b0 < p.batch; b0 += kPlanThreads) {
+    const int b = b0 + threadIdx.x;
+    int items = 0, splits = 0;
+    if (b < p.batch) {
+      const int len = p.kv_indptr[b + 1] - p.kv_indptr[b];
+      const int rows = (p.qo_indptr[b + 1] - p.qo_indptr[b]) * H;
+      splits = ceil_div(len, L);
+      items = splits * ceil_div(rows, Cfg::kM);
+    }
+    int item_total, partial_total;
+    const int item_off = block_exclusive_scan(items, scratch, &item_total);
+    const int partial_off = block_exclusive_scan(splits > 1 ? items : 0, scratch, &partial_total);
+    if (b < p.batch) {
+      p.item_prefix[b] = item_base + item_off;
+      p.num_splits[b] = splits;
+      p.partial_base[b] = splits > 1 ? partial_base + partial_off : -1;
+    }
+    item_base += item_total;
+    partial_base += partial_total;
+  }
+  if (threadIdx.x == 0) {
+    p.item_prefix[p.batch] = item_base;
+    p.plan[0] = L;
+    p.plan[1] = item_base;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. main
+// ---------------------------------------------------------------------------------------------
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Params p) {
+  constexpr int kM = Cfg::kM, kBN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
+  constexpr int kNTiles = kBN / 8;       // n8 tiles of S per warp
+  constexpr int kHalfDims = kVDim / 2;   // output dims owned by one warp
+  constexpr int kOTiles = kHalfDims / 8; // n8 tiles of O per warp
+
+  const int item = blockIdx.x;
+  const int num_items = p.plan[1];
+  if (item >= num_items) return;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kM][kSmemRow]
+  __nv_bfloat16* sKV = sQ + kM * kSmemRow;                           // [kStages][kBN][kSmemRow]
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int row_group = warp >> 1, half = warp & 1;
+  const int H = p.num_heads;
+
+  // ---- which work item
+  const int b = upper_index(p.item_prefix, p.batch + 1, item);
+  const int local = item - p.item_prefix[b];
+  const int q_begin = p.qo_indptr[b];
+  const int num_draft = p.qo_indptr[b + 1] - q_begin;
+  const int rows = num_draft * H;
+  const int row_tiles = ceil_div(rows, kM);
+  const int split = local / row_tiles, row_tile = local % row_tiles;
+  const int L = p.plan[0];
+  const int kv_req_begin = p.kv_indptr[b];
+  const int kv_req_end = p.kv_indptr[b + 1];
+  const int kv_begin = kv_req_begin + split * L;
+  const int kv_end = min(kv_begin + L, kv_req_end);
+  const int draft_begin = kv_req_end - num_draft;  // first draft position (global kv index)
+  const int num_splits = p.num_splits[b];
+  const int row0 = row_tile * kM;                 // first row of this tile within the request
+  const int64_t q_row_base = static_cast<int64_t>(q_begin) * H + row0;  // flattened [N*H] row
+  const int valid_rows = min(kM, rows - row0);
+  const int mask_words = (num_draft + 31) / 32;
+  const int32_t* mask_base = p.tree_mask + p.tree_mask_indptr[b];
+
+  // ---- Q tile -> shared memory (zero rows past the request's last row)
+  for (int c = tid; c < kM * kChunksPerRow; c += kThreads) {
+    const int r = c / kChunksPerRow, k = c % kChunksPerRow;
+    const bool ok = r < valid_rows;
+    const __nv_bfloat16* src = p.q + (ok ? (q_row_base + r) * kQKDim + k * 8 : 0);
+    cp_async_16(sQ + r * kSmemRow + k * 8, src, ok);
+  }
+  cp_async_commit();
+
+  const int num_tiles = ceil_div(kv_end - kv_begin, kBN);
+  auto load_tile = [&](int tile, int stage) {
+    __nv_bfloat16* dst = sKV + stage * kBN * kSmemRow;
+    const int pos0 = kv_begin + tile * kBN;
+    for (int c = tid; c < kBN * kChunksPerRow; c += kThreads) {
+      const int r = c / kChunksPerRow, k = c % kChunksPerRow;
+      const int pos = pos0 + r;
+      int slot = pos < kv_end ? __ldg(p.kv_indices + pos) : -1;
+      // Rows past the split, and slots outside the pool, are zero-filled: never read, and a
+      // zero V row times a zero probability cannot turn into NaN.
+      const bool ok = slot >= 0 && slot < p.num_slots;
+      const __nv_bfloat16* src = p.kv + (ok ? static_cast<int64_t>(slot) * kQKDim + k * 8 : 0);
+      cp_async_16(dst + r * kSmemRow + k * 8, src, ok);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_tiles) load_tile(s, s);
+    cp_async_commit();
+  }
+
+  // Rows this thread holds in mma accumulator layout: r_lo = lane/4, r_hi = lane/4 + 8.
+  const int r_lo = row_group * 16 + lane / 4;
+  // Draft token index of each held row (clamped for padding rows, whose results are dropped).
+  const int tok_lo = min((row0 + r_lo) / H, num_draft - 1);
+  const int tok_hi = min((row0 + r_lo + 8) / H, num_draft - 1);
+
+  float o[kOTiles][4];
+#pragma unroll
+  for (int j = 0; j < kOTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+
+  const __nv_bfloat16* q_warp = sQ + (row_group * 16) * kSmemRow;
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    {
+      const int next = tile + kStages - 1;
+      if (next < num_tiles) load_tile(next, next % kStages);
+      cp_async_commit();
+    }
+    const __nv_bfloat16* sK = sKV + (tile % kStages) * kBN * kSmemRow;
+
+    // ---- S = Q K^T over 576 dims
+    float s[kNTiles][4];
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll 4
+    for (int kk = 0; kk < kQKDim / 16; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(a, q_warp + (lane % 16) * kSmemRow + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+      for (int j = 0; j < kNTiles; j += 2) {
+        uint32_t bfrag[4];
+        const int key = j * 8 + (lane % 8) + ((lane / 16) * 8);
+        const int dim = kk * 16 + ((lane / 8) % 2) * 8;
+        ldmatrix_x4(bfrag, sK + key * kSmemRow + dim);
+        mma_bf16(s[j], a, bfrag[0], bfrag[1]);
+        mma_bf16(s[j + 1], a, bfrag[2], bfrag[3]);
+      }
+    }
+
+    // ---- scale, mask (only tiles that reach the split end or the draft tokens), online softmax
+    const int pos0 = kv_begin + tile * kBN;
+    const bool needs_mask = pos0 + kBN > kv_end || pos0 + kBN > draft_begin;
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = s[j][e] * p.scale_log2;
+        if (needs_mask) {
+          const int pos = pos0 + j * 8 + (lane % 4) * 2 + (e & 1);
+          bool visible = pos < kv_end;
+          if (visible && pos >= draft_begin) {
+            const int d = pos - draft_begin;
+            const int tok = (e < 2) ? tok_lo : tok_hi;
+            const uint32_t word = static_cast<uint32_t>(__ldg(mask_base + tok * mask_words + d / 32));
+            visible = (word >> (d % 32)) & 1u;
+          }
+          if (!visible) v = -INFINITY;
+        }
+        s[j][e] = v;
+      }
+    }
+    float mx_lo = m_lo, mx_hi = m_hi;
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+      mx_lo = fmaxf(mx_lo, fmaxf(s[j][0], s[j][1]));
+      mx_hi = fmaxf(mx_hi, fmaxf(s[j][2], s[j][3]));
+    }
+#pragma unroll
+    for (int o2 = 1; o2 < 4; o2 <<= 1) {
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o2));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o2));
+    }
+    // A row that has seen only masked keys keeps max -inf; subtract 0 then so exp2 gives 0, not NaN.
+    const float ref_lo = mx_lo == -INFINITY ? 0.f : mx_lo;
+    const float ref_hi = mx_hi == -INFINITY ? 0.f : mx_hi;
+    const float alpha_lo = fast_exp2(m_lo - ref_lo), alpha_hi = fast_exp2(m_hi - ref_hi);
+    m_lo = mx_lo;
+    m_hi = mx_hi;
+    float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+      s[j][0] = fast_exp2(s[j][0] - ref_lo);
+      s[j][1] = fast_exp2(s[j][1] - ref_lo);
+      s[j][2] = fast_exp2(s[j][2] - ref_hi);
+      s[j][3] = fast_exp2(s[j][3] - ref_hi);
+      sum_lo += s[j][0] + s[j][1];
+      sum_hi += s[j][2] + s[j][3];
+    }
+    l_lo = l_lo * alpha_lo + sum_lo;
+    l_hi = l_hi * alpha_hi + sum_hi;
+#pragma unroll
+    for (int j = 0; j < kOTiles; ++j) {
+      o[j][0] *= alpha_lo;
+      o[j][1] *= alpha_lo;
+      o[j][2] *= alpha_hi;
+      o[j][3] *= alpha_hi;
+    }
+
+    // ---- O[:, half] += P V[:, half]; P comes straight from the S accumulators.
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int j = 0; j < kOTiles; j += 2) {
+        uint32_t bfrag[4];
+        const int key = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+        const int dim = half * kHalfDims + j * 8 + (lane / 16) * 8;
+        ldmatrix_x4_trans(bfrag, sK + key * kSmemRow + dim);
+        mma_bf16(o[j], a, bfrag[0], bfrag[1]);
+        mma_bf16(o[j + 1], a, bfrag[2], bfrag[3]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // ---- finish: row sums across the quad, normalise, write
+#pragma unroll
+  for (int o2 = 1; o2 < 4; o2 <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o2);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o2);
+  }
+  // A row that saw no key in this split (possible for a split of draft tokens only) has l == 0:
+  // its partial is 0 with lse -inf, which the combine weighs as 0.
+  const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f;
+  const float inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
+  const float lse_lo = l_lo > 0.f ? (m_lo + __log2f(l_lo)) * kLn2 : -INFINITY;
+  const float lse_hi = l_hi > 0.f ? (m_hi + __log2f(l_hi)) * kLn2 : -INFINITY;
+  const bool ok_lo = r_lo < valid_rows, ok_hi = r_lo + 8 < valid_rows;
+  const int dim0 = half * kHalfDims + (lane % 4) * 2;
+
+  if (num_splits == 1) {
+    __nv_bfloat16* out_lo = p.out + (q_row_base + r_lo) * kVDim + dim0;
+    __nv_bfloat16* out_hi = out_lo + 8 * kVDim;
+#pragma unroll
+    for (int j = 0; j < kOTiles; ++j) {
+      if (ok_lo) *reinterpret_cast<uint32_t*>(out_lo + j * 8) = pack_bf16(o[j][0] * inv_lo, o[j][1] * inv_lo);
+      if (ok_hi) *reinterpret_cast<uint32_t*>(out_hi + j * 8) = pack_bf16(o[j][2] * inv_hi, o[j][3] * inv_hi);
+    }
+    if (half == 0 && lane % 4 == 0) {
+      if (ok_lo) p.lse[q_row_base + r_lo] = lse_lo;
+      if (ok_hi) p.lse[q_row_base + r_lo + 8] = lse_hi;
+    }
+  } else {
+    const int slot = p.partial_base[b] + local;
+    float* po_lo = p.partial_o + (static_cast<int64_t>(slot) * kM + r_lo) * kVDim + dim0;
+    float* po_hi = po_lo + 8 * kVDim;
+#pragma unroll
+    for (int j = 0; j < kOTiles; ++j) {
+      if (ok_lo) *reinterpret_cast<float2*>(po_lo + j * 8) = make_float2(o[j][0] * inv_lo, o[j][1] * inv_lo);
+      if (ok_hi) *reinterpret_cast<float2*>(po_hi + j * 8) = make_float2(o[j][2] * inv_hi, o[j][3] * inv_hi);
+    }
+    if (half == 0 && lane % 4 == 0) {
+      if (ok_lo) p.partial_lse[static_cast<int64_t>(slot) * kM + r_lo] = lse_lo;
+      if (ok_hi) p.partial_lse[static_cast<int64_t>(slot) * kM + r_lo + 8] = lse_hi;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. combine: one warp per (token, head) row of a split request; splits merged in index order.
+// ---------------------------------------------------------------------------------------------
+constexpr int kCombineWarps = 8;
+
+template <class Cfg>
+__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(Params p, int total_rows) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row = blockIdx.x * kCombineWarps + warp;  // flattened (token, head)
+  if (row >= total_rows) return;
+  const int H = p.num_heads;
+  const int token = row / H;
+  const int b = upper_index(p.qo_indptr, p.batch + 1, token);
+  const int splits = p.num_splits[b];
+  if (splits == 1) return;  // written directly by the main kernel
+  const int rows = (p.qo_indptr[b + 1] - p.qo_indptr[b]) * H;
+  const int row_tiles = ceil_div(rows, Cfg::kM);
+  const int r = row - p.qo_indptr[b] * H;
+  const int row_tile = r / Cfg::kM, in_tile = r % Cfg::kM;
+  const int base = p.partial_base[b];
+
+  float mx = -INFINITY;
+  for (int s = 0; s < splits; ++s) {
+    const int slot = base + s * row_tiles + row_tile;
+    mx = fmaxf(mx, p.partial_lse[static_cast<int64_t>(slot) * Cfg::kM + in_tile]);
+  }
+  float acc[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i] = 0.f;
+  float denom = 0.f;
+  for (int s = 0; s < splits; ++s) {
+    const int slot = base + s * row_tiles + row_tile;
+    const int64_t prow = static_cast<int64_t>(slot) * Cfg::kM + in_tile;
+    const float w = __expf(p.partial_lse[prow] - mx);
+    denom += w;
+    const float4* src = reinterpret_cast<const float4*>(p.partial_o + prow * kVDim);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float4 v = src[i * 32 + lane];
+      acc[i * 4 + 0] += w * v.x;
+      acc[i * 4 + 1] += w * v.y;
+      acc[i * 4 + 2] += w * v.z;
+      acc[i * 4 + 3] += w * v.w;
+    }
+  }
+  const float inv = 1.f / denom;
+  __nv_bfloat16* dst = p.out + static_cast<int64_t>(row) * kVDim;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint2 packed;
+    packed.x = pack_bf16(acc[i * 4 + 0] * inv, acc[i * 4 + 1] * inv);
+    packed.y = pack_bf16(acc[i * 4 + 2] * inv, acc[i * 4 + 3] * inv);
+    *reinterpret_cast<uint2*>(dst + (i * 32 + lane) * 4) = packed;
+  }
+  if (lane == 0) p.lse[row] = mx + __logf(denom);
+}
+
+}  // namespace va

@@ -1,0 +1,51 @@
+// Host-side interface of the verify-attention kernels (plain C++; shared by the torch binding
+// and any standalone build). Pointers are device pointers; shapes as in kernel/__init__.py.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+
+namespace va {
+
+struct Args {
+  const void* q;                   // [N, H, 576] bf16
+  const void* kv;                  // [S, 576] bf16
+  const int32_t* kv_indices;       // [K]
+  const int32_t* qo_indptr;        // [B+1]
+  const int32_t* kv_indptr;        // [B+1]
+  const int32_t* tree_mask;        // packed visibility words
+  const int32_t* tree_mask_indptr; // [B+1]
+  void* out;                       // [N, H, 512] bf16
+  float* lse;                      // [N, H]
+  void* workspace;                 // Plan::workspace_bytes, 256-byte aligned
+  int batch;
+  int num_tokens;
+  int num_heads;
+  int num_slots;
+  float sm_scale;
+};
+
+enum ConfigId { kConfigAuto = 0, kConfigLarge = 1, kConfigSmall = 2 };
+
+// Everything the launch needs that depends only on shapes and the device (never on data), so
+// the workspace can be allocated up front and the call captured in a CUDA graph.
+struct Plan {
+  int config;            // kConfigLarge or kConfigSmall
+  int rows_per_cta;      // M
+  int block_n;           // keys per KV tile
+  int stages;
+  int threads;
+  int smem_bytes;
+  int max_items;         // grid of the main kernel
+  int max_partials;      // split work items at most (about one CTA per SM)
+  size_t workspace_bytes;
+};
+
+// Returns cudaErrorInvalidValue when the device cannot hold the requested configuration.
+cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int config, int max_partials, Plan* plan);
+cudaError_t launch(const Args& args, const Plan& plan, cudaStream_t stream);
+int config_smem_bytes(int config);
+const char* build_info();
+
+}  // namespace va

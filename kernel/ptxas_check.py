@@ -1,0 +1,162 @@
+"""Compile the kernels for every target arch with nvcc (no GPU needed) and check their resources.
+
+    python -m kernel.ptxas_check [--json out.json]
+
+For each arch (sm_90 and sm_120) it reads ptxas's resource report and fails when:
+  * any kernel spills (spill stores/loads) or uses a stack frame (local memory in the hot loop);
+  * a main-kernel configuration cannot launch there: registers x threads over the 64K register
+    file, or dynamic + static shared memory over the arch's per-block limit;
+  * the configuration the kernel picks on sm_120 at run time (by its 99 KB opt-in limit) is not
+    the one that fits it.
+Dynamic shared memory comes from the configurations themselves (a host program built from the
+same header prints them), so the check cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+
+# Per-block shared-memory opt-in limits (CUDA C Programming Guide, "Technical Specifications per
+# Compute Capability"): 227 KB on sm_90, 99 KB on sm_120 (and sm_86/sm_89).
+ARCHS = {"sm_90": 227 * 1024, "sm_120": 99 * 1024}
+REGISTER_FILE = 64 * 1024
+# The config the kernel chooses per arch (make_plan: large if it fits the opt-in limit).
+EXPECTED_CONFIG = {"sm_90": "large", "sm_120": "small"}
+CONFIG_TAG = {"large": "ConfigILi4ELi32ELi2E", "small": "ConfigILi2ELi16ELi3E"}
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    arch: str
+    function: str
+    registers: int
+    stack_frame_bytes: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+    static_smem_bytes: int
+
+
+_ENTRY = re.compile(r"Compiling entry function '(\S+)' for '(sm_\d+)'")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers(?:.*?, (\d+) bytes smem)?")
+
+
+def parse_ptxas(report: str) -> list[KernelResources]:
+    """Parse ``nvcc -Xptxas -v`` output into one record per entry function."""
+    out: list[KernelResources] = []
+    current: dict[str, object] | None = None
+    for line in report.splitlines():
+        if m := _ENTRY.search(line):
+            current = {"function": m.group(1), "arch": m.group(2)}
+        elif current is not None and (m := _FRAME.search(line)):
+            current.update(stack=int(m.group(1)), spill_st=int(m.group(2)), spill_ld=int(m.group(3)))
+        elif current is not None and (m := _USED.search(line)):
+            out.append(
+                KernelResources(
+                    arch=str(current["arch"]),
+                    function=str(current["function"]),
+                    registers=int(m.group(1)),
+                    stack_frame_bytes=int(current.get("stack", 0)),
+                    spill_store_bytes=int(current.get("spill_st", 0)),
+                    spill_load_bytes=int(current.get("spill_ld", 0)),
+                    static_smem_bytes=int(m.group(2) or 0),
+                )
+            )
+            current = None
+    return out
+
+
+def compile_report(arch: str, workdir: Path) -> str:
+    num = arch.split("_")[1]
+    cmd = [
+        "nvcc", "-std=c++17", "-O3", "--use_fast_math", f"-gencode=arch=compute_{num},code={arch}",
+        "-Xptxas", "-v", "-cubin", "-o", str(workdir / f"va_{arch}.cubin"), str(CSRC / "verify_attention.cu"),
+    ]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"nvcc failed for {arch}:\n{res.stdout}\n{res.stderr}")
+    return res.stdout + res.stderr
+
+
+def config_sizes(workdir: Path) -> dict[str, dict[str, int]]:
+    exe = workdir / "config_report"
+    cmd = ["nvcc", "-std=c++17", "-o", str(exe), str(CSRC / "config_report.cu")]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"nvcc failed for config_report.cu:\n{res.stdout}\n{res.stderr}")
+    return json.loads(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout)
+
+
+def check(kernels: list[KernelResources], configs: dict[str, dict[str, int]]) -> list[str]:
+    """Human-readable problems; empty when everything fits."""
+    problems = []
+    for k in kernels:
+        if k.spill_store_bytes or k.spill_load_bytes:
+            problems.append(
+                f"{k.arch} {k.function}: spills {k.spill_store_bytes} B stores / {k.spill_load_bytes} B loads"
+            )
+        if k.stack_frame_bytes:
+            problems.append(f"{k.arch} {k.function}: {k.stack_frame_bytes} B stack frame (local memory)")
+    for arch, limit in ARCHS.items():
+        for name, cfg in configs.items():
+            main = [k for k in kernels if k.arch == arch and "verify_attention_kernel" in k.function
+                    and CONFIG_TAG[name] in k.function]  # fmt: skip
+            if not main:
+                problems.append(f"{arch}: no main kernel found for config {name!r} in the ptxas report")
+                continue
+            k = main[0]
+            smem = cfg["dynamic_smem_bytes"] + k.static_smem_bytes
+            fits = smem <= limit and k.registers * cfg["threads"] <= REGISTER_FILE
+            if name == EXPECTED_CONFIG[arch] and not fits:
+                problems.append(
+                    f"{arch}: config {name!r} (chosen there at run time) needs {smem} B shared memory "
+                    f"(limit {limit}) and {k.registers} x {cfg['threads']} registers (limit {REGISTER_FILE})"
+                )
+        chosen = "large" if configs["large"]["dynamic_smem_bytes"] <= limit else "small"
+        if chosen != EXPECTED_CONFIG[arch]:
+            problems.append(
+                f"{arch}: the run-time choice would be {chosen!r}, expected {EXPECTED_CONFIG[arch]!r}"
+            )
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="write the resource report here")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        kernels = [k for arch in ARCHS for k in parse_ptxas(compile_report(arch, work))]
+        configs = config_sizes(work)
+    print(f"{'arch':7} {'regs':>4} {'stack':>5} {'spill':>5} {'smem':>5}  function")
+    for k in kernels:
+        spill = k.spill_store_bytes + k.spill_load_bytes
+        print(
+            f"{k.arch:7} {k.registers:4d} {k.stack_frame_bytes:5d} {spill:5d} {k.static_smem_bytes:5d}  {k.function}"
+        )
+    for name, cfg in configs.items():
+        print(f"config {name}: {cfg}")
+    problems = check(kernels, configs)
+    if args.json:
+        args.json.write_text(json.dumps({"kernels": [asdict(k) for k in kernels], "configs": configs,
+                                         "problems": problems}, indent=1))  # fmt: skip
+    for p in problems:
+        print(f"FAIL: {p}", file=sys.stderr)
+    print(
+        "ptxas check:",
+        "FAILED" if problems else "ok (no spills, no stack frame, shared memory within limits)",
+    )
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

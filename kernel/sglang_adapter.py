@@ -1,0 +1,214 @@
+"""Drop-in for SGLang's Triton ``extend_attention_fwd`` on MLA target-verify, running this kernel.
+
+At ``TritonAttnBackend.forward_extend`` for an MLA verify step SGLang holds:
+
+    q_extend      [N, H, 576]   bf16   the draft tokens' queries
+    k_extend      [N, 1, 576]   bf16   the draft tokens' KV rows, already written to the pool
+    v_extend      [N, 1, 512]   bf16   at out_cache_loc (so this kernel reads them from there)
+    o_extend      [N, H, 512]   bf16   written in place
+    k_buffer      [S, 1, 576]   bf16   the page_size=1 pool
+    v_buffer      [S, 1, 512]   bf16   k_buffer[..., :512] (a view of the same storage)
+    qo_indptr     [B+1]         int32
+    kv_indptr     [B+1]         int32  cumsum of the prefix lengths (prefix only)
+    kv_indices    [>= sum P]    int64  the prefix slots (may be over-allocated past kv_indptr[B])
+    custom_mask   [sum T*(P+T)] bool   per request a row-major T x (P+T) block (None: no mask)
+    mask_indptr   [B+1]         int64  where each request's block starts
+    out_cache_loc [N]           int64  the draft tokens' slots
+    is_causal, max_len_extend, k_scale, v_scale, sm_scale (host values)
+
+This kernel takes, per request, its prefix slots then its draft slots in one ``kv_indices``
+and the draft-to-draft visibility as packed bits (kernel/tree_mask.py).
+:func:`verify_metadata_from_sglang` builds those on the device with torch ops only: no
+``.item()``, no host copy, every shape from host ints SGLang already has (batch size,
+``max_len_extend``, the number of draft tokens, and ``sum P`` when the backend knows it), so
+the conversion and the kernel call can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import verify_attention
+from .tree_mask import words_per_row
+
+V_DIM = 512
+
+
+@dataclass(frozen=True)
+class VerifyMetadata:
+    """This kernel's view of one SGLang verify step.
+
+    kv_indices and tree_mask are sized from host ints only, so they can be longer than their
+    indptr's last entry (zero-filled tail): kv_indices when SGLang's ``kv_indices`` is
+    over-allocated and ``prefix_len_sum`` is not given, tree_mask when requests with more than
+    32 draft tokens differ in ``words_per_row``. The kernel reads only what the indptrs address.
+    """
+
+    kv_indices: torch.Tensor  # [K] int32, K = prefix_len_sum (or SGLang's kv_indices.numel()) + N
+    kv_indptr: torch.Tensor  # [B+1] int32, cumsum of P_b + T_b
+    tree_mask: torch.Tensor  # [N * words_per_row(max_len_extend)] int32
+    tree_mask_indptr: torch.Tensor  # [B+1] int32
+
+
+def _request_of(indptr: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Per position the request whose [indptr[b], indptr[b+1]) holds it (clamped to the last)."""
+    b = torch.searchsorted(indptr[1:], positions, right=True)
+    return b.clamp_(max=indptr.numel() - 2)
+
+
+def _words_to_int32(words: torch.Tensor) -> torch.Tensor:
+    # Sums of 32 bits fit int64; int32 holds bit 31 as the sign, as kernel/tree_mask.py does.
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def verify_metadata_from_sglang(
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    custom_mask: torch.Tensor | None,
+    mask_indptr: torch.Tensor | None,
+    max_len_extend: int,
+    is_causal: bool = True,
+    prefix_len_sum: int | None = None,
+) -> VerifyMetadata:
+    """Convert SGLang's verify metadata (module docstring) to this kernel's, on their device.
+
+    With ``custom_mask`` the draft block of each request's mask is the visibility, and
+    ``is_causal`` additionally hides later draft tokens (a no-op for a tree, whose parents
+    precede their children). Without one, ``is_causal`` gives a chain, else full visibility.
+    """
+    device = qo_indptr.device
+    n = out_cache_loc.numel()
+    if max_len_extend < 1:
+        raise ValueError(f"max_len_extend = {max_len_extend}; every request has at least one draft token")
+    if qo_indptr.dim() != 1 or kv_indptr.shape != qo_indptr.shape:
+        raise ValueError(
+            f"qo_indptr and kv_indptr must both be [B+1], got {tuple(qo_indptr.shape)} and {tuple(kv_indptr.shape)}"
+        )
+    if custom_mask is not None and (mask_indptr is None or mask_indptr.shape != qo_indptr.shape):
+        got = None if mask_indptr is None else tuple(mask_indptr.shape)
+        raise ValueError(f"mask_indptr must be [B+1] = {tuple(qo_indptr.shape)} with a custom_mask, got {got}")
+    qo = qo_indptr.to(torch.int64)
+    kvp = kv_indptr.to(torch.int64)
+    num_draft = qo[1:] - qo[:-1]
+    prefix_len = kvp[1:] - kvp[:-1]
+    ours_indptr = kvp + qo
+
+    # kv_indices: position j of the output is request b's (j - ours_indptr[b])-th slot; its
+    # source is the prefix slot list or out_cache_loc, concatenated so one gather serves both.
+    num_prefix_slots = kv_indices.numel()
+    k = (num_prefix_slots if prefix_len_sum is None else prefix_len_sum) + n
+    j = torch.arange(k, device=device)
+    b = _request_of(ours_indptr, j)
+    r = j - ours_indptr[b]
+    in_prefix = r < prefix_len[b]
+    src = torch.where(in_prefix, kvp[b] + r, num_prefix_slots + qo[b] + r - prefix_len[b])
+    used = j < ours_indptr[-1]
+    sources = torch.cat([kv_indices.to(torch.int64), out_cache_loc.to(torch.int64)])
+    ours_kv_indices = torch.where(used, sources[torch.where(used, src, 0)], 0).to(torch.int32)
+
+    # Tree mask: row i of request b packs draft columns [0, T_b) into words_per_row(T_b) words.
+    w_max = words_per_row(max_len_extend)
+    row = torch.arange(n, device=device)
+    rb = _request_of(qo, row)
+    i = (row - qo[rb])[:, None]
+    t = num_draft[rb][:, None]
+    col = torch.arange(32 * w_max, device=device)[None, :]
+    bits = col < t
+    if custom_mask is not None:
+        p = prefix_len[rb][:, None]
+        flat = mask_indptr.to(torch.int64)[rb][:, None] + i * (p + t) + p + col
+        bits = bits & custom_mask[torch.where(bits, flat, 0)].to(torch.bool)
+    if is_causal:
+        bits = bits & (col <= i)
+    shifts = torch.arange(32, device=device, dtype=torch.int64)
+    words = _words_to_int32((bits.view(n, w_max, 32).to(torch.int64) << shifts).sum(-1))  # [N, w_max]
+
+    wpr = (num_draft + 31) // 32
+    mask_indptr_ours = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), torch.cumsum(num_draft * wpr, 0)])
+    w = torch.arange(w_max, device=device)[None, :]
+    target = mask_indptr_ours[rb][:, None] + i * wpr[rb][:, None] + w
+    # Words past a row's words_per_row are zero; they all land in one spare slot, dropped below.
+    target = torch.where(w < wpr[rb][:, None], target, n * w_max)
+    tree_mask = torch.zeros(n * w_max + 1, dtype=torch.int32, device=device)
+    tree_mask.scatter_(0, target.reshape(-1), words.reshape(-1))
+
+    return VerifyMetadata(
+        kv_indices=ours_kv_indices,
+        kv_indptr=ours_indptr.to(torch.int32),
+        tree_mask=tree_mask[: n * w_max],
+        tree_mask_indptr=mask_indptr_ours.to(torch.int32),
+    )
+
+
+def extend_attention_fwd(
+    q_extend: torch.Tensor,
+    k_extend: torch.Tensor,
+    v_extend: torch.Tensor,
+    o_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    custom_mask: torch.Tensor | None,
+    is_causal: bool,
+    mask_indptr: torch.Tensor | None,
+    max_len_extend: int,
+    k_scale: float,
+    v_scale: float,
+    sm_scale: float,
+    *,
+    out_cache_loc: torch.Tensor,
+    prefix_len_sum: int | None = None,
+    lse: torch.Tensor | None = None,
+    config: str = "auto",
+) -> torch.Tensor:
+    """SGLang's MLA verify call (same positional arguments), computed by this kernel into ``o_extend``.
+
+    ``k_extend`` and ``v_extend`` are accepted for the drop-in but not read: the backend has
+    already written those rows to the pool at ``out_cache_loc``, where this kernel reads them.
+    ``sm_scale`` has no default (SGLang's 1/sqrt(576) is wrong for MLA). ``lse``, if given
+    ([N, H] fp32), receives the log-sum-exp. Returns ``o_extend``.
+    """
+    if k_scale != 1.0 or v_scale != 1.0:
+        raise ValueError(f"k_scale = {k_scale}, v_scale = {v_scale}: this kernel reads a bf16 pool unscaled (1.0)")
+    if v_buffer.data_ptr() != k_buffer.data_ptr() or v_buffer.shape[-1] != V_DIM:
+        raise ValueError(
+            f"v_buffer must be k_buffer[..., :{V_DIM}] (MLA reads V from the first {V_DIM} dims of each "
+            f"KV row), got shape {tuple(v_buffer.shape)} at another address"
+        )
+    if out_cache_loc.numel() != q_extend.shape[0]:
+        raise ValueError(
+            f"out_cache_loc has {out_cache_loc.numel()} slots but q_extend has {q_extend.shape[0]} draft tokens"
+        )
+    meta = verify_metadata_from_sglang(
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        out_cache_loc,
+        custom_mask,
+        mask_indptr,
+        max_len_extend,
+        is_causal=is_causal,
+        prefix_len_sum=prefix_len_sum,
+    )
+    verify_attention(
+        q_extend,
+        k_buffer,
+        meta.kv_indices,
+        qo_indptr.to(torch.int32),
+        meta.kv_indptr,
+        meta.tree_mask,
+        meta.tree_mask_indptr,
+        sm_scale,
+        out=o_extend,
+        lse=lse,
+        # Validation copies the metadata to the host (a sync) and expects exact sizes.
+        validate=False,
+        config=config,
+    )
+    return o_extend

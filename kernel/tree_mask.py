@@ -1,0 +1,63 @@
+"""Packed tree visibility, the kernel's mask format.
+
+Per request b a block of ``T_b`` rows x ``words_per_row(T_b)`` int32 words starts at word
+``tree_mask_indptr[b]``; bit ``k`` of word ``w`` in row ``i`` is 1 iff draft token ``i`` sees draft
+token ``32 * w + k`` (itself and its ancestors, for a tree). Rows are padded to whole words so the
+kernel reads one word per (row, 32 keys) without a division by T.
+
+    tree_mask        [sum_b T_b * words_per_row(T_b)]  int32
+    tree_mask_indptr [B + 1]                            int32
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def words_per_row(num_draft: int) -> int:
+    return (num_draft + 31) // 32
+
+
+def visibility_from_parents(parents: Sequence[int]) -> torch.Tensor:
+    """[T, T] bool: row i sees i and its ancestors. ``parents[0] == -1``, ``parents[i] < i``."""
+    t = len(parents)
+    vis = torch.zeros(t, t, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if i == 0:
+            if p != -1:
+                raise ValueError(f"parents[0] = {p}: the root (node 0) must have parent -1")
+        elif not 0 <= p < i:
+            raise ValueError(
+                f"parents[{i}] = {p}: a parent must be a node in [0, {i}) (it must precede its child)"
+            )
+        vis[i, i] = True
+        if i > 0:
+            vis[i] |= vis[p]
+    return vis
+
+
+def pack_visibility(visibility: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pack per-request [T_b, T_b] bool matrices into (tree_mask, tree_mask_indptr), on the CPU."""
+    blocks, indptr = [], [0]
+    for b, vis in enumerate(visibility):
+        if vis.dim() != 2 or vis.shape[0] != vis.shape[1] or vis.shape[0] < 1:
+            raise ValueError(
+                f"visibility[{b}] must be a non-empty square [T, T] matrix, got {tuple(vis.shape)}"
+            )
+        t = vis.shape[0]
+        w = words_per_row(t)
+        padded = torch.zeros(t, w * 32, dtype=torch.int64)
+        padded[:, :t] = vis.to(torch.int64)
+        bits = padded.view(t, w, 32) << torch.arange(32, dtype=torch.int64)
+        words = bits.sum(-1)  # < 2**32: fits int64; reinterpret as int32 below
+        words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+        blocks.append(words.reshape(-1))
+        indptr.append(indptr[-1] + t * w)
+    return torch.cat(blocks), torch.tensor(indptr, dtype=torch.int32)
+
+
+def pack_parents(parents: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tree_mask, tree_mask_indptr) for a batch of trees given as parent arrays."""
+    return pack_visibility([visibility_from_parents(p) for p in parents])

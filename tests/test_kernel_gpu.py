@@ -1,0 +1,274 @@
+"""The CUDA kernel against the float64 oracle: fuzz, determinism, CUDA graphs, bad input.
+
+All tests here need a CUDA GPU (``gpu`` marker). Each fuzz case is a fresh random batch: ragged
+prefixes (0, 1, unaligned, up to 256k), trees and chains of 1..256 draft tokens, 1..128 heads,
+up to 16 requests, slots scattered over a pool whose unreferenced rows hold NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from harness.oracle import reference
+from harness.tree import chain, random_tree
+
+from harness.batch import QK_DIM, VerifyBatch
+
+pytestmark = pytest.mark.gpu
+
+REL_TOL, COS_TOL, LSE_TOL = 1e-2, 0.9999, 1e-3
+SM_SCALE = 1 / math.sqrt(192)
+HEADS = (1, 2, 8, 16, 64, 128)
+# float64 oracle work per case (rows x keys) stays under this, so 300+ cases take seconds.
+WORK_CAP = 6e7
+
+
+def random_batch(rng: random.Random, device: torch.device) -> VerifyBatch:
+    """A random ragged batch within WORK_CAP; unreferenced pool slots hold NaN."""
+    while True:
+        h = rng.choice(HEADS)
+        b = rng.choice((1, 1, 2, 3, 5, 8, 16))
+        kind = rng.random()
+        num_draft = [rng.choice((1, 2, 4, 7, 16, 33, 64, 100, 256)) for _ in range(b)]
+        prefix = []
+        for _ in range(b):
+            if kind < 0.15:
+                prefix.append(rng.choice((0, 1)))
+            elif kind < 0.8:
+                prefix.append(rng.randint(0, 5000))
+            else:
+                prefix.append(rng.choice((32768, 65536 + 7, 131071, 200000, 262144)))
+        work = sum(t * h * (p + t) for p, t in zip(prefix, num_draft, strict=True))
+        if work <= WORK_CAP:
+            break
+    parents = tuple(
+        chain(t) if rng.random() < 0.3 else random_tree(t, rng.randrange(2**31)) for t in num_draft
+    )
+    kv_lens = [p + t for p, t in zip(prefix, num_draft, strict=True)]
+    total_kv = sum(kv_lens)
+    pool = total_kv + rng.randint(1, max(1, total_kv // 4)) + 3
+    g = torch.Generator(device="cpu").manual_seed(rng.randrange(2**31))
+    kv_cache = torch.full((pool, QK_DIM), float("nan"), dtype=torch.bfloat16)
+    slots = torch.randperm(pool, generator=g)[:total_kv]
+    if rng.random() < 0.25:  # contiguous layout now and then
+        slots = torch.arange(total_kv) + (pool - total_kv)
+    kv_cache[slots] = torch.randn(total_kv, QK_DIM, generator=g).to(torch.bfloat16)
+    n = sum(num_draft)
+    q = torch.randn(n, h, QK_DIM, generator=g).to(torch.bfloat16)
+    qo = torch.tensor([0, *torch.tensor(num_draft).cumsum(0).tolist()], dtype=torch.int32)
+    kvp = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32)
+    batch = VerifyBatch(
+        q=q,
+        kv_cache=kv_cache,
+        kv_indices=slots.to(torch.int32),
+        qo_indptr=qo,
+        kv_indptr=kvp,
+        prefix_lens=tuple(prefix),
+        parents=parents,
+        sm_scale=SM_SCALE,
+    )
+    return batch.to(device)
+
+
+def assert_close(out: torch.Tensor, lse: torch.Tensor, batch: VerifyBatch, label: str) -> None:
+    ref_out, ref_lse = reference(batch)
+    out64 = out.double().flatten(0, 1)
+    ref = ref_out.double().flatten(0, 1)
+    assert torch.isfinite(out64).all(), f"{label}: non-finite output"
+    err = (out64 - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-30)
+    cos = torch.nn.functional.cosine_similarity(out64, ref, dim=-1)
+    lse_err = (lse.double().flatten() - ref_lse.double().flatten()).abs()
+    worst = int(err.argmax())
+    h = batch.num_heads
+    assert err.max() <= REL_TOL, f"{label}: rel err {err.max():.3e} at token {worst // h} head {worst % h}"
+    assert cos.min() >= COS_TOL, f"{label}: cosine {cos.min():.6f}"
+    assert lse_err.max() <= LSE_TOL, f"{label}: lse err {lse_err.max():.3e}"
+
+
+def run_kernel(batch: VerifyBatch, config: str = "auto", validate: bool = True):
+    import kernel
+
+    mask, mask_indptr = kernel.pack_parents(batch.parents)
+    return kernel.verify_attention(
+        batch.q,
+        batch.kv_cache,
+        batch.kv_indices,
+        batch.qo_indptr,
+        batch.kv_indptr,
+        mask.to(batch.device),
+        mask_indptr.to(batch.device),
+        batch.sm_scale,
+        validate=validate,
+        config=config,
+    )
+
+
+def describe(batch: VerifyBatch) -> str:
+    return f"B{batch.batch_size}-P{list(batch.prefix_lens)}-T{list(batch.num_draft)}-H{batch.num_heads}"
+
+
+@pytest.mark.parametrize("config", ["auto", "small"])
+def test_fuzz_against_oracle(config: str) -> None:
+    """160 random batches per config (320 in all); 'small' is the sm_120 tile config run here."""
+    rng = random.Random(1234 if config == "auto" else 4321)
+    device = torch.device("cuda")
+    for i in range(160):
+        batch = random_batch(rng, device)
+        out, lse = run_kernel(batch, config=config)
+        assert_close(out, lse, batch, f"case {i} {describe(batch)} config={config}")
+
+
+def test_output_is_bitwise_deterministic() -> None:
+    batch = random_batch(random.Random(7), torch.device("cuda"))
+    first_out, first_lse = (t.clone() for t in run_kernel(batch))
+    for _ in range(20):
+        out, lse = run_kernel(batch, validate=False)
+        assert torch.equal(out.view(torch.int16), first_out.view(torch.int16))
+        assert torch.equal(lse.view(torch.int32), first_lse.view(torch.int32))
+
+
+def test_long_prefix_split_is_deterministic_and_correct() -> None:
+    """One 200k-prefix request: many splits through the combine step."""
+    rng = random.Random(11)
+    device = torch.device("cuda")
+    while True:
+        batch = random_batch(rng, device)
+        if batch.batch_size == 1 and batch.prefix_lens[0] >= 131071:
+            break
+    out, lse = run_kernel(batch)
+    assert_close(out, lse, batch, describe(batch))
+    again, _ = run_kernel(batch, validate=False)
+    assert torch.equal(out.view(torch.int16), again.view(torch.int16))
+
+
+def test_cuda_graph_replay_equals_eager() -> None:
+    import kernel
+
+    batch = random_batch(random.Random(3), torch.device("cuda"))
+    mask, mask_indptr = (t.cuda() for t in kernel.pack_parents(batch.parents))
+    args = (batch.q, batch.kv_cache, batch.kv_indices, batch.qo_indptr, batch.kv_indptr, mask, mask_indptr)
+    eager_out, eager_lse = kernel.verify_attention(*args, batch.sm_scale)
+    out = torch.empty_like(eager_out)
+    lse = torch.empty_like(eager_lse)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        kernel.verify_attention(*args, batch.sm_scale, out=out, lse=lse, validate=False)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernel.verify_attention(*args, batch.sm_scale, out=out, lse=lse, validate=True)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int16), eager_out.view(torch.int16))
+    assert torch.equal(lse.view(torch.int32), eager_lse.view(torch.int32))
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: each error names the argument.
+# ---------------------------------------------------------------------------------------------
+def _good():
+    import kernel
+
+    batch = random_batch(random.Random(5), torch.device("cuda"))
+    while batch.batch_size < 2:
+        batch = random_batch(random.Random(len(batch.prefix_lens) + 17), torch.device("cuda"))
+    mask, mask_indptr = (t.cuda() for t in kernel.pack_parents(batch.parents))
+    return {
+        "q": batch.q,
+        "kv_cache": batch.kv_cache,
+        "kv_indices": batch.kv_indices,
+        "qo_indptr": batch.qo_indptr,
+        "kv_indptr": batch.kv_indptr,
+        "tree_mask": mask,
+        "tree_mask_indptr": mask_indptr,
+        "sm_scale": batch.sm_scale,
+    }
+
+
+def _swap(args: dict, **changes) -> dict:
+    return {**args, **changes}
+
+
+def _set(t: torch.Tensor, index: int, value: int) -> torch.Tensor:
+    t = t.clone()
+    t[index] = value
+    return t
+
+
+BAD_CASES = {
+    "q dtype": (lambda a: _swap(a, q=a["q"].float()), "q must be"),
+    "q on cpu": (lambda a: _swap(a, q=a["q"].cpu()), "q must be a CUDA tensor"),
+    "q head dim": (
+        lambda a: _swap(a, q=a["q"][..., :512].contiguous()),
+        "q must be [num_tokens, num_heads, 576]",
+    ),
+    "q not contiguous": (
+        lambda a: _swap(a, q=a["q"].transpose(0, 1).contiguous().transpose(0, 1)),
+        "q must be contiguous",
+    ),
+    "kv_cache dtype": (lambda a: _swap(a, kv_cache=a["kv_cache"].half()), "kv_cache must be"),
+    "kv_cache dims": (lambda a: _swap(a, kv_cache=a["kv_cache"][:, :512].contiguous()), "kv_cache must be"),
+    "kv_cache on another device": (lambda a: _swap(a, kv_cache=a["kv_cache"].cpu()), "kv_cache must be on"),
+    "kv_indices int64": (lambda a: _swap(a, kv_indices=a["kv_indices"].long()), "kv_indices must be"),
+    "qo_indptr length": (lambda a: _swap(a, qo_indptr=a["qo_indptr"][:-1].contiguous()), "qo_indptr"),
+    "kv_indptr length": (
+        lambda a: _swap(a, kv_indptr=a["kv_indptr"][:-1].contiguous()),
+        "kv_indptr must be [B+1]",
+    ),
+    "kv_indptr not monotonic": (
+        lambda a: _swap(a, kv_indptr=_set(a["kv_indptr"], 1, int(a["kv_indptr"][2]) + 1)),
+        "kv_indptr must be non-decreasing",
+    ),
+    "request without draft tokens": (
+        lambda a: _swap(a, qo_indptr=_set(a["qo_indptr"], 1, 0)),
+        "request 0 has no draft token",
+    ),
+    "slot outside the pool": (
+        lambda a: _swap(
+            a,
+            kv_indices=torch.where(
+                torch.arange(a["kv_indices"].numel(), device="cuda") == 3,
+                a["kv_cache"].shape[0],
+                a["kv_indices"],
+            ).int(),
+        ),
+        "kv_indices[3]",
+    ),
+    "negative slot": (
+        lambda a: _swap(a, kv_indices=(a["kv_indices"] * 0 - 1).int()),
+        "is outside the pool",
+    ),
+    "tree mask without diagonal": (
+        lambda a: _swap(a, tree_mask=torch.zeros_like(a["tree_mask"])),
+        "tree_mask",
+    ),
+    "tree_mask_indptr inconsistent": (
+        lambda a: _swap(a, tree_mask_indptr=(a["tree_mask_indptr"] * 2).int()),
+        "tree_mask_indptr",
+    ),
+    "sm_scale nan": (lambda a: _swap(a, sm_scale=float("nan")), "sm_scale"),
+    "sm_scale negative": (lambda a: _swap(a, sm_scale=-0.1), "sm_scale"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_bad_input_names_the_argument(case: str) -> None:
+    import kernel
+
+    mutate, expected = BAD_CASES[case]
+    args = mutate(_good())
+    with pytest.raises((RuntimeError, ValueError)) as info:
+        kernel.verify_attention(**args)
+    assert expected in str(info.value), f"{case}: error does not name {expected!r}: {info.value}"
+
+
+def test_bad_config_name_is_refused() -> None:
+    import kernel
+
+    with pytest.raises(ValueError, match="config must be one of"):
+        kernel.verify_attention(**_good(), config="huge")
