@@ -12,10 +12,10 @@ import random
 
 import pytest
 import torch
-from harness.oracle import reference
-from harness.tree import chain, random_tree
 
 from harness.batch import QK_DIM, VerifyBatch
+from harness.oracle import reference
+from harness.tree import chain, random_tree
 
 pytestmark = pytest.mark.gpu
 

@@ -1,0 +1,922 @@
+"""Compare two runs: a verdict per case from the raw samples, and every parity regression.
+
+    python -m harness compare BASE HEAD [--force] [--out DIR] [--min-change 0.03] [--impls a,b]
+    python -m harness compare --history reports/
+
+Each side is a ``results.json``, a report folder, or a git revision. A revision stands for its
+committed report under ``reports/``: the newest run (by ``created_utc``) of the same GPU model,
+kind and grid as the other side; when both sides are revisions, every (GPU model, kind, grid)
+group present at both is compared. ``--history DIR`` compares, for every such group with two runs
+or more among the results files git tracks under DIR (every file under DIR outside a git work
+tree), the newest two. Runs of kind "ab" hold both sides in one file and are left out there.
+
+Timing verdict per matching case (same case_id, implementation and mode), from the raw samples
+(``SweepRow.samples_ms``), never from a mean. With ``change = median(HEAD) / median(BASE) - 1``,
+``spread(side) = q3 / min - 1`` and the minimum effect ``m`` (``--min-change``, default 3 %):
+
+    SLOWER   min(HEAD) > q3(BASE)  and  change > +m  and  Mann-Whitney p < 0.01
+    FASTER   min(BASE) > q3(HEAD)  and  change < -m  and  Mann-Whitney p < 0.01
+    NOISY    neither, and spread(BASE) > m or spread(HEAD) > m, or |change| > m (undecided),
+             or fewer than 6 samples on a side
+    SAME     otherwise: both sides tight enough to have shown a change of m, and none shown
+    NO DATA  a side has no usable samples (a regression when BASE had them and HEAD has not)
+
+Why these conditions and thresholds:
+
+- GPU timings are right-skewed: preemption, clock changes and cache misses only ever add time, so
+  the fast end of a distribution is its stable part. The interval condition asks that HEAD's
+  fastest sample be slower than three quarters of BASE's samples: a regression shifts the whole
+  distribution, a few slow outliers do not.
+- For a pure shift ``HEAD = BASE * (1 + c)`` the interval condition holds exactly when
+  ``c > spread(BASE)`` (``c > spread(HEAD)`` for FASTER). A side whose spread exceeds ``m`` could
+  therefore hide a change of ``m``: that is what NOISY means. It is not a failure; it says this
+  run cannot vouch for the case at that effect size. SAME is claimed only when it could.
+- The minimum effect separates regressions from drift that the samples of one run cannot see:
+  boards of one GPU model and boost clocks differ by 1-2 % between runs, so a smaller change is
+  not attributed to the code; 3 % sits above that drift and well below the 10 % slowdown the gate
+  must catch (a 10 % change is decided whenever both spreads are under 10 %).
+- The Mann-Whitney U test (two-sided, normal approximation with tie correction and continuity
+  correction; samples are stored rounded, so ties are common) guards the small-sample case, where
+  a few samples can fall apart by chance. Alpha 0.01 over the hundreds of cases of a sweep gives
+  few chance hits, and a chance hit must also pass the interval and effect conditions. With the
+  continuity correction six samples a side are the fewest that can reach it, hence the minimum.
+
+Parity regressions always count: a row that fails or errs in HEAD where it did not in BASE (a
+new row that fails included), or whose target tokens or accepted path stop matching. Mutation
+controls (``mutant:<name>`` rows) are expected to fail; one that passes in HEAD is the regression.
+A row that becomes unavailable is listed with its reason but does not gate: the reason is an
+environment difference (a package or device missing), not a result.
+
+Like with like: BASE and HEAD of different GPU models or kinds are refused unless ``--force``;
+timings are compared only when both runs had a GPU (a CPU-only parity run compares parity only).
+
+Exit status: 1 on any SLOWER or parity regression, 2 when the inputs cannot be compared, else 0.
+The terminal gets a table; an HTML diff is written atomically to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.results import ParityRow, Results, ResultsError, SweepRow, atomic_write_text, load_results
+
+DEFAULT_MIN_CHANGE = 0.03
+ALPHA = 0.01
+MIN_SAMPLES = 6
+DEFAULT_OUT = Path("reports/_work/compare")
+REPORTS_FOLDER = "reports"
+
+SLOWER, FASTER, NOISY, SAME, NO_DATA = "SLOWER", "FASTER", "NOISY", "SAME", "NO DATA"
+REGRESSED, FIXED, STILL_FAILING, UNAVAILABLE = "REGRESSED", "FIXED", "STILL FAILING", "UNAVAILABLE"
+BASE_ONLY, HEAD_ONLY = "BASE ONLY", "HEAD ONLY"
+MUTANT_PREFIX = "mutant:"
+# Display order: what needs attention first.
+SEVERITY = (
+    REGRESSED,
+    SLOWER,
+    NO_DATA,
+    NOISY,
+    STILL_FAILING,
+    UNAVAILABLE,
+    HEAD_ONLY,
+    BASE_ONLY,
+    FIXED,
+    FASTER,
+    SAME,
+)
+
+
+class CompareError(ValueError):
+    """Inputs that cannot be compared: unknown revision, no matching run, unlike runs."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics
+
+
+@dataclass(frozen=True)
+class SampleStats:
+    n: int
+    min_ms: float
+    q1_ms: float
+    median_ms: float
+    q3_ms: float
+    max_ms: float
+
+    @property
+    def spread(self) -> float:
+        """q3 / min - 1: the smallest relative shift the interval condition can resolve."""
+        return self.q3_ms / self.min_ms - 1.0
+
+
+def sample_stats(samples_ms: Sequence[float]) -> SampleStats:
+    """Min, quartiles (linear interpolation) and max of a non-empty sample."""
+    x = np.asarray(samples_ms, dtype=np.float64)
+    if x.size == 0:
+        raise ValueError("samples_ms is empty; expected at least one sample")
+    q1, med, q3 = np.percentile(x, [25, 50, 75])
+    return SampleStats(int(x.size), float(x.min()), float(q1), float(med), float(q3), float(x.max()))
+
+
+def average_ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks of ``x``; tied values share the mean of the ranks they span."""
+    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    return ((ends - counts + 1 + ends) / 2.0)[inverse.reshape(-1)]
+
+
+def mann_whitney_u(base: Sequence[float], head: Sequence[float]) -> tuple[float, float]:
+    """(U, p): U counts the (base, head) pairs where head is larger (ties count one half);
+    p is two-sided, from the normal approximation with tie and continuity corrections.
+    p is 1 when every sample is equal (no ordering to test)."""
+    a = np.asarray(base, dtype=np.float64)
+    b = np.asarray(head, dtype=np.float64)
+    n1, n2 = a.size, b.size
+    if n1 == 0 or n2 == 0:
+        raise ValueError(f"both samples must be non-empty, got {n1} base and {n2} head values")
+    pooled = np.concatenate([a, b])
+    ranks = average_ranks(pooled)
+    u = float(ranks[n1:].sum() - n2 * (n2 + 1) / 2.0)
+    n = n1 + n2
+    _, counts = np.unique(pooled, return_counts=True)
+    tie_term = float((counts.astype(np.float64) ** 3 - counts).sum()) / (n * (n - 1))
+    variance = n1 * n2 / 12.0 * ((n + 1) - tie_term)
+    if variance <= 0.0:
+        return u, 1.0
+    z = max(abs(u - n1 * n2 / 2.0) - 0.5, 0.0) / math.sqrt(variance)
+    return u, math.erfc(z / math.sqrt(2.0))
+
+
+@dataclass(frozen=True)
+class TimingDecision:
+    verdict: str
+    reason: str
+    regression: bool = False
+    base: SampleStats | None = None
+    head: SampleStats | None = None
+    change: float | None = None  # median(HEAD) / median(BASE) - 1
+    p_value: float | None = None
+
+
+def _usable(samples: Sequence[float]) -> bool:
+    return len(samples) > 0 and all(math.isfinite(s) and s > 0 for s in samples)
+
+
+def timing_decision(
+    base_ms: Sequence[float], head_ms: Sequence[float], *, min_change: float = DEFAULT_MIN_CHANGE
+) -> TimingDecision:
+    """The verdict of the module docstring for one case, from the two raw samples."""
+    if not 0.0 < min_change < 1.0:
+        raise ValueError(f"min_change must be a fraction in (0, 1), got {min_change!r}")
+    if not (_usable(base_ms) and _usable(head_ms)):
+        missing = [name for name, s in (("BASE", base_ms), ("HEAD", head_ms)) if not _usable(s)]
+        return TimingDecision(
+            NO_DATA,
+            f"{' and '.join(missing)} {'has' if len(missing) == 1 else 'have'} no usable samples "
+            "(none, or not all finite and positive)",
+            regression=_usable(base_ms),
+        )
+    bs, hs = sample_stats(base_ms), sample_stats(head_ms)
+    change = hs.median_ms / bs.median_ms - 1.0
+    _, p = mann_whitney_u(base_ms, head_ms)
+    common = {"base": bs, "head": hs, "change": change, "p_value": p}
+    if min(bs.n, hs.n) < MIN_SAMPLES:
+        return TimingDecision(
+            NOISY, f"too few samples to decide ({bs.n} vs {hs.n}, need {MIN_SAMPLES})", **common
+        )
+    limit = f"{100 * min_change:.3g} %"
+    if hs.min_ms > bs.q3_ms and change > min_change and p < ALPHA:
+        return TimingDecision(
+            SLOWER,
+            f"HEAD min {hs.min_ms:.4g} ms > BASE q3 {bs.q3_ms:.4g} ms, median {100 * change:+.1f} % "
+            f"beyond {limit}, p = {p:.2g}",
+            regression=True,
+            **common,
+        )
+    if bs.min_ms > hs.q3_ms and change < -min_change and p < ALPHA:
+        return TimingDecision(
+            FASTER,
+            f"BASE min {bs.min_ms:.4g} ms > HEAD q3 {hs.q3_ms:.4g} ms, median {100 * change:+.1f} % "
+            f"beyond {limit}, p = {p:.2g}",
+            **common,
+        )
+    wide = [
+        f"{name} spread {100 * s.spread:.1f} %"
+        for name, s in (("BASE", bs), ("HEAD", hs))
+        if s.spread > min_change
+    ]
+    if wide:
+        return TimingDecision(NOISY, f"{', '.join(wide)} > {limit}: a change of {limit} could hide", **common)
+    if abs(change) > min_change:
+        return TimingDecision(
+            NOISY,
+            f"median {100 * change:+.1f} % but the samples do not separate (p = {p:.2g})",
+            **common,
+        )
+    return TimingDecision(SAME, f"median {100 * change:+.1f} %, within {limit}", **common)
+
+
+# ---------------------------------------------------------------------------------------------
+# Verdicts over two runs
+
+
+@dataclass(frozen=True)
+class TimingVerdict:
+    case_id: str
+    impl: str
+    mode: str
+    decision: TimingDecision
+    throttled: bool = False  # either side's row was flagged as throttled
+
+    @property
+    def verdict(self) -> str:
+        return self.decision.verdict
+
+    @property
+    def regression(self) -> bool:
+        return self.decision.regression
+
+
+@dataclass(frozen=True)
+class ParityVerdict:
+    bundle: str
+    impl: str
+    verdict: str
+    reason: str
+    regression: bool
+    base: ParityRow | None
+    head: ParityRow | None
+
+
+def _fails(row: ParityRow) -> bool:
+    return row.status in ("fail", "error")
+
+
+def _because(text: str, reason: str) -> str:
+    return f"{text}: {reason}" if reason else text
+
+
+def parity_verdict(base: ParityRow | None, head: ParityRow | None) -> ParityVerdict:
+    """Verdict for one (bundle, impl) parity row present on at least one side."""
+    row = head if head is not None else base
+    if row is None:
+        raise ValueError("parity_verdict needs a row on at least one side, got none")
+    bundle, impl = row.bundle, row.impl
+
+    def make(verdict: str, reason: str, regression: bool = False) -> ParityVerdict:
+        return ParityVerdict(bundle, impl, verdict, reason, regression, base, head)
+
+    if impl.startswith(MUTANT_PREFIX):
+        # A mutation control must fail; passing means parity lost the power to see that bug.
+        if head is not None and head.status == "pass" and (base is None or base.status != "pass"):
+            return make(REGRESSED, "mutation control passes: parity no longer detects this mutation", True)
+    else:
+        if head is not None and _fails(head) and (base is None or not _fails(base)):
+            was = "a new row" if base is None else f"was {base.status}"
+            return make(REGRESSED, _because(f"{head.status} ({was})", head.reason), True)
+        for name in ("tokens_match", "path_match"):
+            if (
+                head is not None
+                and getattr(head, name) is False
+                and (base is None or getattr(base, name) is not False)
+            ):
+                return make(REGRESSED, f"{name} became False", True)
+    if base is None:
+        return make(HEAD_ONLY, f"only in HEAD ({head.status})")
+    if head is None:
+        return make(BASE_ONLY, f"only in BASE ({base.status})")
+    if "unavailable" in (base.status, head.status) and base.status != head.status:
+        side = head if head.status == "unavailable" else base
+        return make(UNAVAILABLE, _because(f"{base.status} -> {head.status}", side.reason))
+    if not impl.startswith(MUTANT_PREFIX):
+        if _fails(base) and head.status == "pass":
+            return make(FIXED, f"{base.status} -> pass")
+        if _fails(base) and _fails(head):
+            return make(STILL_FAILING, _because(f"{base.status} -> {head.status}", head.reason))
+    return make(SAME, f"{base.status} -> {head.status}")
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """What makes two runs comparable: same GPU model, same kind, same grid (case set)."""
+
+    gpu_model: str
+    kind: str
+    grid: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.grid} on {self.gpu_model}"
+
+
+def gpu_model(results: Results) -> str:
+    gpu = results.environment.get("gpu") if isinstance(results.environment, dict) else None
+    return str(gpu.get("name")) if isinstance(gpu, dict) and gpu.get("name") else "cpu"
+
+
+def _command_option(command: str, option: str) -> str | None:
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    for i, word in enumerate(words):
+        if word == option and i + 1 < len(words):
+            return words[i + 1]
+        if word.startswith(option + "="):
+            return word[len(option) + 1 :]
+    return None
+
+
+def run_grid(results: Results) -> str:
+    """The case set a run covered, read from its command line: the sweep's ``--grid`` (a grid
+    file counts by its stem; "default" when not given), the parity run's ``--bundles``."""
+    if results.kind == "parity":
+        bundles = _command_option(results.command, "--bundles")
+        return ",".join(sorted(bundles.split(","))) if bundles else "all-bundles"
+    grid = _command_option(results.command, "--grid")
+    if grid is None:
+        return "default"
+    return Path(grid).stem if grid.endswith(".toml") else grid
+
+
+def run_key(results: Results) -> RunKey:
+    return RunKey(gpu_model(results), results.kind, run_grid(results))
+
+
+@dataclass(frozen=True)
+class Side:
+    """One run as it enters a comparison: where it came from, and its results."""
+
+    label: str  # e.g. "reports/x/results.json" or "main (1a2b3c4): reports/x/results.json"
+    results: Results
+    revision: str | None = None  # the git revision it was read from, if any
+
+    @property
+    def key(self) -> RunKey:
+        return run_key(self.results)
+
+    @property
+    def sha7(self) -> str:
+        sha = self.results.git.get("sha") if isinstance(self.results.git, dict) else None
+        dirty = "+dirty" if isinstance(self.results.git, dict) and self.results.git.get("dirty") else ""
+        return f"{str(sha)[:7]}{dirty}" if sha else "nogit"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    base: Side
+    head: Side
+    min_change: float
+    timing: tuple[TimingVerdict, ...]
+    parity: tuple[ParityVerdict, ...]
+    notes: tuple[str, ...] = ()
+    environment_diff: tuple[tuple[str, str, str], ...] = ()  # (field, base value, head value)
+
+    @property
+    def regressions(self) -> list[TimingVerdict | ParityVerdict]:
+        return [v for v in (*self.parity, *self.timing) if v.regression]
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for v in (*self.parity, *self.timing):
+            out[v.verdict] = out.get(v.verdict, 0) + 1
+        return {k: out[k] for k in SEVERITY if k in out}
+
+
+def check_comparable(base: Side, head: Side, *, force: bool) -> None:
+    """Raise CompareError when the runs are unlike (GPU model or kind) and ``force`` is off."""
+    if force:
+        return
+    bk, hk = base.key, head.key
+    if bk.gpu_model != hk.gpu_model:
+        raise CompareError(
+            f"BASE ran on {bk.gpu_model!r} and HEAD on {hk.gpu_model!r}: timings of different GPU models "
+            "are not comparable (pass --force to compare anyway)"
+        )
+    if bk.kind != hk.kind:
+        raise CompareError(
+            f"BASE is a {bk.kind!r} run and HEAD a {hk.kind!r} run; expected runs of one kind (or pass --force)"
+        )
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, str]:
+    if not isinstance(d, dict):
+        return {prefix: d if isinstance(d, str) else json.dumps(d, sort_keys=True)} if prefix else {}
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def environment_diff(base: Results, head: Results) -> tuple[tuple[str, str, str], ...]:
+    """Environment fields that differ (versions, driver, clocks, board): the usual suspects."""
+    b, h = _flatten(base.environment), _flatten(head.environment)
+    return tuple(
+        (k, b.get(k, "-"), h.get(k, "-")) for k in sorted(b.keys() | h.keys()) if b.get(k) != h.get(k)
+    )
+
+
+def _index(rows: Iterable[Any], key: Any, side: str) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    for row in rows:
+        k = key(row)
+        if k in out:
+            raise CompareError(f"{side} has two rows for {k}; expected one per case")
+        out[k] = row
+    return out
+
+
+def compare_results(
+    base: Side,
+    head: Side,
+    *,
+    min_change: float = DEFAULT_MIN_CHANGE,
+    impls: Sequence[str] | None = None,
+) -> Comparison:
+    """Verdicts for every parity row and timed case of two runs (``impls`` restricts both)."""
+    keep = (lambda impl: impl in impls) if impls else (lambda impl: True)
+    notes: list[str] = []
+    if base.key.grid != head.key.grid:
+        notes.append(
+            f"grids differ: BASE {base.key.grid!r}, HEAD {head.key.grid!r}; unmatched cases are listed"
+        )
+
+    def pkey(r: ParityRow) -> tuple[str, str]:
+        return (r.bundle, r.impl)
+
+    bp = _index((r for r in base.results.parity if keep(r.impl)), pkey, "BASE")
+    hp = _index((r for r in head.results.parity if keep(r.impl)), pkey, "HEAD")
+    parity = tuple(parity_verdict(bp.get(k), hp.get(k)) for k in _ordered_keys(bp, hp))
+
+    timing: list[TimingVerdict] = []
+    if "cpu" in (base.key.gpu_model, head.key.gpu_model):
+        if base.results.sweep or head.results.sweep:
+            notes.append("timings are compared only between GPU runs; a CPU-only run compares parity only")
+    else:
+
+        def tkey(r: SweepRow) -> tuple[str, str, str]:
+            return (r.case_id, r.impl, r.mode)
+
+        bt = _index((r for r in base.results.sweep if keep(r.impl)), tkey, "BASE")
+        ht = _index((r for r in head.results.sweep if keep(r.impl)), tkey, "HEAD")
+        for k in _ordered_keys(bt, ht):
+            b, h = bt.get(k), ht.get(k)
+            if b is None or h is None:
+                decision = TimingDecision(HEAD_ONLY if b is None else BASE_ONLY, "case run on one side only")
+            else:
+                decision = timing_decision(b.samples_ms, h.samples_ms, min_change=min_change)
+            throttled = any(r is not None and r.throttled for r in (b, h))
+            timing.append(TimingVerdict(*k, decision=decision, throttled=throttled))
+        if any(v.throttled and v.verdict in (SLOWER, FASTER) for v in timing):
+            notes.append(
+                "some decided cases were throttled on one side (marked): check clocks before trusting them"
+            )
+    return Comparison(
+        base=base,
+        head=head,
+        min_change=min_change,
+        timing=tuple(timing),
+        parity=parity,
+        notes=tuple(notes),
+        environment_diff=environment_diff(base.results, head.results),
+    )
+
+
+def _ordered_keys(base: dict[Any, Any], head: dict[Any, Any]) -> list[Any]:
+    """HEAD's order, then keys only BASE has, in BASE's order."""
+    return [*head, *(k for k in base if k not in head)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding runs: paths, git revisions, history
+
+
+def _git(repo: Path, *args: str) -> str:
+    try:
+        proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
+    except FileNotFoundError as e:
+        raise CompareError("git is not installed; a git revision cannot be resolved") from e
+    if proc.returncode != 0:
+        raise CompareError(f"git {' '.join(args)} failed: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def repo_root(start: Path) -> Path:
+    return Path(_git(start, "rev-parse", "--show-toplevel").strip())
+
+
+def resolve_revision(repo: Path, rev: str) -> str | None:
+    """The full commit sha of ``rev``, or None when it names no commit."""
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def committed_runs(repo: Path, rev: str, folder: str = REPORTS_FOLDER) -> list[Side]:
+    """Every results.json committed under ``folder`` at ``rev``, read with ``git show``."""
+    sha = resolve_revision(repo, rev)
+    if sha is None:
+        raise CompareError(f"{rev!r} is not a commit of the repository at {repo}")
+    listing = _git(repo, "ls-tree", "-r", "--name-only", "-z", sha, "--", folder)
+    sides = []
+    for path in sorted(p for p in listing.split("\0") if p.endswith("results.json")):
+        source = f"{rev} ({sha[:7]}): {path}"
+        try:
+            results = Results.from_json(json.loads(_git(repo, "show", f"{sha}:{path}")), source=source)
+        except json.JSONDecodeError as e:
+            raise ResultsError(f"{source}: not valid JSON (truncated or corrupt?): {e}") from e
+        sides.append(Side(source, results, revision=rev))
+    return sides
+
+
+def created_at(side: Side) -> datetime:
+    """``created_utc`` as an aware datetime (a trailing Z and a missing offset both mean UTC)."""
+    text = str(side.results.created_utc).strip()
+    try:
+        t = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+    except ValueError as e:
+        raise ResultsError(f"{side.label}: created_utc {text!r} is not an ISO-8601 time") from e
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def newest_by_key(sides: Iterable[Side]) -> dict[RunKey, list[Side]]:
+    """Runs grouped by RunKey, newest first within a group ("ab" runs left out)."""
+    groups: dict[RunKey, list[Side]] = {}
+    for side in sides:
+        if side.results.kind != "ab":
+            groups.setdefault(side.key, []).append(side)
+    return {k: sorted(v, key=created_at, reverse=True) for k, v in groups.items()}
+
+
+def tracked_results(folder: Path) -> list[Path]:
+    """results.json files under ``folder`` that git tracks; every one when outside a work tree."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CompareError(f"--history: {folder} is not a folder")
+    proc = subprocess.run(
+        ["git", "-C", str(folder), "ls-files", "-z", "--full-name", "--", "."],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        return sorted(folder.rglob("results.json"))
+    root = repo_root(folder)
+    return sorted(root / p for p in proc.stdout.split("\0") if p.endswith("results.json"))
+
+
+def history_pairs(folder: Path) -> list[tuple[Side, Side]]:
+    """(older, newer) for the newest two runs of every group with two or more."""
+    sides = [Side(str(p), load_results(p)) for p in tracked_results(folder)]
+    return [
+        (runs[1], runs[0])
+        for _, runs in sorted(newest_by_key(sides).items(), key=lambda kv: str(kv[0]))
+        if len(runs) >= 2
+    ]
+
+
+def resolve_pairs(base_arg: str, head_arg: str, *, cwd: Path | None = None) -> list[tuple[Side, Side]]:
+    """The (BASE, HEAD) runs named by two command-line arguments (see the module docstring)."""
+    cwd = Path.cwd() if cwd is None else cwd
+    sides: dict[str, Side | None] = {}
+    revs: dict[str, str] = {}
+    repo: Path | None = None
+    for name, arg in (("BASE", base_arg), ("HEAD", head_arg)):
+        if (cwd / arg).exists():
+            sides[name] = Side(arg, load_results(cwd / arg))
+            continue
+        if repo is None:
+            try:
+                repo = repo_root(cwd)
+            except CompareError as e:
+                raise CompareError(f"{name}: {arg!r} is not a results file or report folder, and {e}") from e
+        if resolve_revision(repo, arg) is None:
+            raise CompareError(
+                f"{name}: {arg!r} is neither a results.json, a report folder, nor a git revision of {repo}"
+            )
+        sides[name], revs[name] = None, arg
+    if not revs:
+        return [(sides["BASE"], sides["HEAD"])]  # type: ignore[list-item]
+    assert repo is not None
+    runs = {name: newest_by_key(committed_runs(repo, rev)) for name, rev in revs.items()}
+    if len(revs) == 2:
+        shared = [k for k in runs["HEAD"] if k in runs["BASE"]]
+        if not shared:
+            raise CompareError(
+                f"no (GPU model, kind, grid) has a committed run under {REPORTS_FOLDER}/ at both "
+                f"{base_arg!r} and {head_arg!r}"
+            )
+        return [(runs["BASE"][k][0], runs["HEAD"][k][0]) for k in sorted(shared, key=str)]
+    (name, rev), other = next(iter(revs.items())), sides["HEAD" if "BASE" in revs else "BASE"]
+    assert other is not None
+    if other.results.kind == "ab":
+        raise CompareError(
+            f"{other.label} is an 'ab' run; a revision is matched only against parity or sweep runs"
+        )
+    match = runs[name].get(other.key)
+    if not match:
+        raise CompareError(f"{name}: {rev!r} has no committed run of {other.key} under {REPORTS_FOLDER}/")
+    sides[name] = match[0]
+    return [(sides["BASE"], sides["HEAD"])]  # type: ignore[list-item]
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.1f}%"
+
+
+def _ms(s: SampleStats | None) -> str:
+    return "-" if s is None else f"{s.median_ms:.4g}"
+
+
+def _sorted(verdicts: Iterable[Any]) -> list[Any]:
+    return sorted(verdicts, key=lambda v: SEVERITY.index(v.verdict))
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def format_terminal(c: Comparison) -> str:
+    """A plain-text report: header, counts, parity and timing tables (worst first), notes."""
+    out = [
+        f"compare {c.head.key}",
+        f"  BASE {c.base.sha7}  {c.base.results.created_utc}  {c.base.label}",
+        f"  HEAD {c.head.sha7}  {c.head.results.created_utc}  {c.head.label}",
+        "  " + ", ".join(f"{k} {n}" for k, n in c.counts().items()) if c.counts() else "  nothing to compare",
+    ]
+    if c.parity:
+        rows = [
+            [
+                v.verdict,
+                v.bundle,
+                v.impl,
+                v.base.status if v.base else "-",
+                v.head.status if v.head else "-",
+                v.reason,
+            ]
+            for v in _sorted(c.parity)
+        ]
+        out += ["", "parity", _table(["verdict", "bundle", "impl", "base", "head", "reason"], rows)]
+    if c.timing:
+        rows = [
+            [
+                v.verdict + (" (throttled)" if v.throttled else ""),
+                v.case_id,
+                v.impl,
+                v.mode,
+                _ms(v.decision.base),
+                _ms(v.decision.head),
+                _pct(v.decision.change),
+                "-" if v.decision.p_value is None else f"{v.decision.p_value:.2g}",
+                v.decision.reason,
+            ]
+            for v in _sorted(c.timing)
+        ]
+        header = ["verdict", "case", "impl", "mode", "base ms", "head ms", "change", "p", "reason"]
+        out += ["", f"timing (median ms; minimum effect {100 * c.min_change:.3g} %)", _table(header, rows)]
+    out += [f"note: {n}" for n in c.notes]
+    if c.environment_diff:
+        out += ["", "environment differences"] + [f"  {k}: {b} -> {h}" for k, b, h in c.environment_diff]
+    regressions = c.regressions
+    out += ["", f"REGRESSIONS: {len(regressions)}" if regressions else "no regression"]
+    return "\n".join(out)
+
+
+VERDICT_CSS = {
+    SLOWER: "bad",
+    REGRESSED: "bad",
+    NO_DATA: "warn",
+    NOISY: "warn",
+    STILL_FAILING: "warn",
+    UNAVAILABLE: "muted",
+    HEAD_ONLY: "muted",
+    BASE_ONLY: "muted",
+    FIXED: "good",
+    FASTER: "good",
+    SAME: "",
+}
+
+
+def range_svg(base: SampleStats | None, head: SampleStats | None, width: int = 180) -> str:
+    """Two box strips (min, q1, median, q3, max) on one axis: BASE above, HEAD below."""
+    if base is None or head is None:
+        return ""
+    lo, hi = min(base.min_ms, head.min_ms), max(base.max_ms, head.max_ms)
+    span = (hi - lo) or 1.0
+
+    def x(v: float) -> float:
+        return 4 + (width - 8) * (v - lo) / span
+
+    parts = []
+    for y, s, cls in ((5, base, "b"), (19, head, "h")):
+        parts.append(
+            f'<line x1="{x(s.min_ms):.1f}" x2="{x(s.max_ms):.1f}" y1="{y + 4}" y2="{y + 4}" class="w"/>'
+        )
+        parts.append(
+            f'<rect x="{x(s.q1_ms):.1f}" y="{y}" width="{max(x(s.q3_ms) - x(s.q1_ms), 1):.1f}" height="8" class="{cls}"/>'
+        )
+        parts.append(
+            f'<line x1="{x(s.median_ms):.1f}" x2="{x(s.median_ms):.1f}" y1="{y - 1}" y2="{y + 9}" class="m"/>'
+        )
+    title = html.escape(
+        f"BASE {base.min_ms:.4g}..{base.max_ms:.4g} ms, HEAD {head.min_ms:.4g}..{head.max_ms:.4g} ms"
+    )
+    return (
+        f'<svg class="range" width="{width}" height="32" viewBox="0 0 {width} 32" role="img">'
+        f"<title>{title}</title>{''.join(parts)}</svg>"
+    )
+
+
+def render_html(c: Comparison) -> str:
+    """The self-contained HTML diff (harness/templates/compare.html.j2)."""
+    import jinja2
+    from markupsafe import Markup
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    timing = [
+        {
+            "v": v,
+            "css": VERDICT_CSS[v.verdict],
+            "base_ms": _ms(v.decision.base),
+            "head_ms": _ms(v.decision.head),
+            "change": _pct(v.decision.change),
+            "spreads": " / ".join(
+                "-" if s is None else f"{100 * s.spread:.1f}%" for s in (v.decision.base, v.decision.head)
+            ),
+            "n": " / ".join("-" if s is None else str(s.n) for s in (v.decision.base, v.decision.head)),
+            "p": "-" if v.decision.p_value is None else f"{v.decision.p_value:.2g}",
+            "svg": Markup(range_svg(v.decision.base, v.decision.head)),
+        }
+        for v in _sorted(c.timing)
+    ]
+    parity = [
+        {
+            "v": v,
+            "css": VERDICT_CSS[v.verdict],
+            "base_status": v.base.status if v.base else "-",
+            "head_status": v.head.status if v.head else "-",
+            "base_err": _err(v.base),
+            "head_err": _err(v.head),
+        }
+        for v in _sorted(c.parity)
+    ]
+    return env.get_template("compare.html.j2").render(
+        c=c,
+        key=c.head.key,
+        counts=[(k, n, VERDICT_CSS[k]) for k, n in c.counts().items()],
+        regressions=len(c.regressions),
+        timing=timing,
+        parity=parity,
+        min_change_pct=f"{100 * c.min_change:.3g}",
+        alpha=ALPHA,
+        min_samples=MIN_SAMPLES,
+        rule=_rule_text(),
+    )
+
+
+def _rule_text() -> str:
+    """The verdict rule as the module docstring states it (one source for both)."""
+    start = __doc__.index("Timing verdict per matching case")
+    return __doc__[start : __doc__.index("Why these conditions")].replace("``", "").strip()
+
+
+def _err(row: ParityRow | None) -> str:
+    return "-" if row is None or row.max_rel_err is None else f"{row.max_rel_err:.2e}"
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-").lower() or "x"
+
+
+def html_name(c: Comparison) -> str:
+    k = c.head.key
+    return f"compare-{slug(k.kind)}-{slug(k.grid)}-{slug(k.gpu_model)}-{slug(c.base.sha7)}-vs-{slug(c.head.sha7)}.html"
+
+
+def write_html(c: Comparison, out_dir: Path) -> Path:
+    path = Path(out_dir) / html_name(c)
+    atomic_write_text(path, render_html(c))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def _same_committed_run(a: Side, b: Side) -> bool:
+    """Both revisions hold the same newest run of a group: no new run to judge."""
+    return a.revision is not None and b.revision is not None and a.results.to_json() == b.results.to_json()
+
+
+def _report(pairs: Sequence[tuple[Side, Side]], args: argparse.Namespace) -> int:
+    regressions = 0
+    for base, head in pairs:
+        if _same_committed_run(base, head):
+            print(f"{head.key}: BASE and HEAD are the same run ({head.label}); nothing new to compare\n")
+            continue
+        c = compare_results(base, head, min_change=args.min_change, impls=args.impls)
+        print(format_terminal(c))
+        print(f"html: {write_html(c, args.out)}\n")
+        regressions += len(c.regressions)
+    if regressions:
+        print(f"compare: {regressions} regression(s)", file=sys.stderr)
+    return 1 if regressions else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.history is not None:
+            if args.base or args.head:
+                raise CompareError("--history takes no BASE/HEAD arguments; give one or the other")
+            pairs = history_pairs(Path(args.history))
+            if not pairs:
+                print(
+                    f"compare --history {args.history}: no GPU model, kind and grid has two runs; nothing to compare"
+                )
+                return 0
+        else:
+            if not (args.base and args.head):
+                raise CompareError(
+                    "expected BASE and HEAD (results.json, report folder or git revision), or --history DIR"
+                )
+            pairs = resolve_pairs(args.base, args.head)
+            for base, head in pairs:
+                check_comparable(base, head, force=args.force)
+        return _report(pairs, args)
+    except (CompareError, ResultsError) as e:
+        print(f"compare: {e}", file=sys.stderr)
+        return 2
+
+
+def parse_min_change(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(
+            f"--min-change must be a fraction in (0, 1) such as 0.03, got {text!r}"
+        )
+    return value
+
+
+def _impl_list(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(
+            f"--impls must list implementation names separated by commas, got {text!r}"
+        )
+    return names
+
+
+def register_cli(sub: Any) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="verdicts per case between two runs; exit 1 on SLOWER or a parity regression",
+        description=__doc__.split("\n\n", 1)[0],
+    )
+    p.add_argument("base", nargs="?", help="BASE: a results.json, a report folder or a git revision")
+    p.add_argument("head", nargs="?", help="HEAD: a results.json, a report folder or a git revision")
+    p.add_argument("--history", metavar="DIR", help="compare the newest two runs of every group under DIR")
+    p.add_argument("--force", action="store_true", help="compare runs of different GPU models or kinds")
+    p.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"folder for the HTML diff (default {DEFAULT_OUT})"
+    )
+    p.add_argument(
+        "--min-change",
+        type=parse_min_change,
+        default=DEFAULT_MIN_CHANGE,
+        help=f"minimum median change counted as SLOWER/FASTER (default {DEFAULT_MIN_CHANGE})",
+    )
+    p.add_argument("--impls", type=_impl_list, default=None, help="only these implementations (a,b)")
+    p.set_defaults(func=run)

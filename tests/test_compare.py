@@ -1,0 +1,574 @@
+"""Compare: noise-aware timing verdicts, parity regressions, run resolution and the HTML diff."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import subprocess
+from collections.abc import Sequence
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness import compare
+from harness.results import ParityRow, Results, SweepRow, write_results
+
+H200 = "NVIDIA H200"
+
+
+def timings(median_ms: float, *, seed: int, n: int = 60, rel_noise: float = 0.004) -> list[float]:
+    """Right-skewed samples like GPU timings (a floor plus gamma noise of mean ``rel_noise``),
+    rounded to 4 significant digits as results.json stores them."""
+    rng = np.random.default_rng(seed)
+    x = median_ms * (1.0 + rng.gamma(2.0, rel_noise / 2.0, n))
+    return [float(f"{v:.4g}") for v in x]
+
+
+def sweep_row(
+    case_id: str, samples: Sequence[float], *, impl: str = "verify-attn-cuda", throttled: bool = False
+):
+    s = sorted(samples)
+    return SweepRow(
+        case_id=case_id,
+        impl=impl,
+        params={},
+        mode="cold",
+        samples_ms=list(samples),
+        median_ms=float(np.median(s)),
+        iqr_ms=float(np.percentile(s, 75) - np.percentile(s, 25)),
+        min_ms=s[0],
+        max_ms=s[-1],
+        bytes=1,
+        flops=1,
+        throttled=throttled,
+    )
+
+
+def parity_row(bundle: str, status: str, *, impl: str = "verify-attn-cuda", **kw) -> ParityRow:
+    return ParityRow(bundle=bundle, impl=impl, status=status, **kw)
+
+
+def make_results(
+    sweep: dict[str, Sequence[float]] | None = None,
+    *,
+    parity: Sequence[ParityRow] = (),
+    gpu: str | None = H200,
+    kind: str = "sweep",
+    grid: str = "quick",
+    sha: str = "a" * 40,
+    created: str = "2025-03-01T12:00:00+00:00",
+) -> Results:
+    command = f"python -m harness sweep --grid {grid}" if kind == "sweep" else "python -m harness parity"
+    return Results(
+        kind=kind,
+        created_utc=created,
+        command=command,
+        git={"sha": sha, "dirty": False},
+        environment={"gpu": {"name": gpu} if gpu else None, "torch": "2.11.0"},
+        sweep=[sweep_row(cid, s) for cid, s in (sweep or {}).items()],
+        parity=list(parity),
+    )
+
+
+def save(results: Results, folder: Path) -> Path:
+    path = folder / "results.json"
+    write_results(results, path)
+    return path
+
+
+def run_cli(*argv: str) -> int:
+    """``python -m harness compare ...`` through the module's own parser (no other command loaded)."""
+    parser = argparse.ArgumentParser(prog="python -m harness")
+    compare.register_cli(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["compare", *argv])
+    return args.func(args)
+
+
+@pytest.fixture
+def out_dir(tmp_path: Path) -> Path:
+    return tmp_path / "html"
+
+
+# --- statistics -------------------------------------------------------------------------------
+
+
+def test_mann_whitney_u_counts_pairs_where_head_is_larger_with_half_ties() -> None:
+    base, head = [1.0, 2.0, 2.0, 5.0], [2.0, 3.0, 6.0]
+    pairs = sum((h > b) + 0.5 * (h == b) for b in base for h in head)
+    u, _ = compare.mann_whitney_u(base, head)
+    assert u == pytest.approx(pairs)
+
+
+def test_mann_whitney_tie_corrected_variance_equals_the_exact_permutation_variance() -> None:
+    # Under the null every split of the pooled values is equally likely; the tie-corrected
+    # normal approximation must use exactly the variance of U over those splits.
+    pooled = [1.0, 1.0, 2.0, 3.0, 3.0, 3.0, 4.0, 5.0]
+    n1 = 4
+    us = []
+    for idx in itertools.combinations(range(len(pooled)), n1):
+        base = [pooled[i] for i in idx]
+        head = [pooled[i] for i in range(len(pooled)) if i not in idx]
+        us.append(compare.mann_whitney_u(base, head)[0])
+    exact_var = float(np.var(us))
+    n2, n = len(pooled) - n1, len(pooled)
+    _, counts = np.unique(pooled, return_counts=True)
+    formula = n1 * n2 / 12 * ((n + 1) - float((counts**3 - counts).sum()) / (n * (n - 1)))
+    assert exact_var == pytest.approx(formula)
+    # and the p value follows from it: z = (|U - mu| - 0.5) / sd
+    u, p = compare.mann_whitney_u(pooled[:4], pooled[4:])
+    z = (abs(u - n1 * n2 / 2) - 0.5) / formula**0.5
+    assert p == pytest.approx(math.erfc(z / math.sqrt(2)))
+
+
+def test_mann_whitney_p_is_one_when_all_samples_are_equal() -> None:
+    assert compare.mann_whitney_u([2.0] * 5, [2.0] * 7)[1] == 1.0
+
+
+def test_six_separated_samples_per_side_reach_alpha_and_five_do_not() -> None:
+    # The reason MIN_SAMPLES is 6 (with the continuity correction).
+    assert compare.mann_whitney_u(range(6), range(10, 16))[1] < compare.ALPHA
+    assert compare.mann_whitney_u(range(5), range(10, 15))[1] > compare.ALPHA
+    assert compare.MIN_SAMPLES == 6
+
+
+# --- timing verdicts ----------------------------------------------------------------------------
+
+
+def test_identical_samples_are_same() -> None:
+    s = timings(0.5, seed=1)
+    d = compare.timing_decision(s, list(s))
+    assert (d.verdict, d.regression) == (compare.SAME, False)
+
+
+def test_ten_percent_slower_with_tight_spread_is_slower_and_a_regression() -> None:
+    d = compare.timing_decision(timings(0.5, seed=1), timings(0.55, seed=2))
+    assert (d.verdict, d.regression) == (compare.SLOWER, True)
+    assert d.change == pytest.approx(0.10, abs=0.01)
+
+
+def test_ten_percent_faster_is_faster_and_not_a_regression() -> None:
+    d = compare.timing_decision(timings(0.5, seed=1), timings(0.45, seed=2))
+    assert (d.verdict, d.regression) == (compare.FASTER, False)
+
+
+def test_overlapping_wide_samples_are_noisy() -> None:
+    d = compare.timing_decision(timings(0.5, seed=1, rel_noise=0.1), timings(0.52, seed=2, rel_noise=0.1))
+    assert (d.verdict, d.regression) == (compare.NOISY, False)
+    assert "spread" in d.reason
+
+
+def test_a_separated_shift_below_the_minimum_effect_is_same() -> None:
+    # 1.5 % run-to-run drift with tight samples: the samples separate, but it is not a regression.
+    d = compare.timing_decision(
+        timings(0.5, seed=1, rel_noise=0.002), timings(0.5075, seed=2, rel_noise=0.002)
+    )
+    assert d.p_value is not None and d.p_value < compare.ALPHA
+    assert d.verdict == compare.SAME
+
+
+def test_min_change_option_moves_the_threshold() -> None:
+    base, head = timings(0.5, seed=1), timings(0.55, seed=2)
+    assert compare.timing_decision(base, head, min_change=0.15).verdict == compare.SAME
+
+
+def test_disjoint_intervals_without_a_significant_rank_test_are_not_slower() -> None:
+    # HEAD's min is above BASE's q3 and the median is 30 % up, but a quarter of BASE is slower
+    # than all of HEAD: the rank test (p ~ 0.07) does not back the interval condition.
+    base, head = [1.0] * 6 + [2.0, 2.0], [1.3] * 8
+    d = compare.timing_decision(base, head)
+    assert min(head) > compare.sample_stats(base).q3_ms and d.change == pytest.approx(0.3)
+    assert d.p_value is not None and d.p_value > compare.ALPHA
+    assert d.verdict == compare.NOISY
+
+
+def test_too_few_samples_are_noisy_even_when_far_apart() -> None:
+    d = compare.timing_decision([1.0, 1.01, 1.0, 1.02, 1.0], [2.0, 2.0, 2.01, 2.0, 2.02])
+    assert d.verdict == compare.NOISY
+    assert "too few samples" in d.reason
+
+
+def test_head_without_samples_is_no_data_and_a_regression() -> None:
+    d = compare.timing_decision(timings(0.5, seed=1), [])
+    assert (d.verdict, d.regression) == (compare.NO_DATA, True)
+    assert compare.timing_decision([], []).regression is False
+
+
+def test_a_few_slow_outliers_in_head_do_not_make_it_slower() -> None:
+    head = timings(0.5, seed=2)
+    head[:5] = [0.7] * 5
+    assert compare.timing_decision(timings(0.5, seed=1), head).verdict == compare.SAME
+
+
+def test_no_false_alarm_over_many_seeds_and_every_ten_percent_slowdown_caught() -> None:
+    verdicts_same = {
+        compare.timing_decision(timings(0.5, seed=s), timings(0.5 * 1.01, seed=s + 1000)).verdict
+        for s in range(150)
+    }
+    assert compare.SLOWER not in verdicts_same and compare.FASTER not in verdicts_same
+    verdicts_slow = {
+        compare.timing_decision(timings(0.5, seed=s, n=20), timings(0.55, seed=s + 1000, n=20)).verdict
+        for s in range(150)
+    }
+    assert verdicts_slow == {compare.SLOWER}
+
+
+# --- parity verdicts ----------------------------------------------------------------------------
+
+
+def test_parity_pass_to_fail_is_a_regression() -> None:
+    v = compare.parity_verdict(parity_row("smoke", "pass"), parity_row("smoke", "fail", reason="rel err 0.2"))
+    assert (v.verdict, v.regression) == (compare.REGRESSED, True)
+
+
+def test_parity_tokens_mismatch_counts_even_if_status_says_pass() -> None:
+    v = compare.parity_verdict(
+        parity_row("smoke", "pass", tokens_match=True), parity_row("smoke", "pass", tokens_match=False)
+    )
+    assert v.regression
+
+
+def test_mutation_control_that_starts_passing_is_a_regression() -> None:
+    mutant = "mutant:causal"
+    v = compare.parity_verdict(
+        parity_row("smoke", "fail", impl=mutant), parity_row("smoke", "pass", impl=mutant)
+    )
+    assert v.regression
+    assert not compare.parity_verdict(
+        parity_row("smoke", "fail", impl=mutant), parity_row("smoke", "fail", impl=mutant)
+    ).regression
+
+
+def test_parity_pass_to_unavailable_is_listed_but_does_not_gate() -> None:
+    v = compare.parity_verdict(
+        parity_row("smoke", "pass"), parity_row("smoke", "unavailable", reason="sglang is not installed")
+    )
+    assert (v.verdict, v.regression) == (compare.UNAVAILABLE, False)
+    assert "sglang is not installed" in v.reason
+
+
+def test_a_new_failing_parity_row_is_a_regression() -> None:
+    assert compare.parity_verdict(None, parity_row("ragged", "error", reason="boom")).regression
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+
+def test_cli_identical_runs_exit_0(tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    r = make_results({"B1-P1000-T4-H8-shuffled": timings(0.1, seed=1)})
+    assert run_cli(str(save(r, tmp_path / "a")), str(save(r, tmp_path / "b")), "--out", str(out_dir)) == 0
+    assert "SAME 1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("head_ms", "noise", "verdict", "code"),
+    [(0.11, 0.004, "SLOWER", 1), (0.09, 0.004, "FASTER", 0), (0.104, 0.1, "NOISY", 0)],
+)
+def test_cli_exit_code_follows_the_verdict(
+    tmp_path: Path,
+    out_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    head_ms: float,
+    noise: float,
+    verdict: str,
+    code: int,
+) -> None:
+    base = make_results({"c": timings(0.1, seed=1, rel_noise=noise)}, sha="a" * 40)
+    head = make_results({"c": timings(head_ms, seed=2, rel_noise=noise)}, sha="b" * 40)
+    assert (
+        run_cli(str(save(base, tmp_path / "a")), str(save(head, tmp_path / "b")), "--out", str(out_dir))
+        == code
+    )
+    assert f"{verdict} 1" in capsys.readouterr().out
+
+
+def test_cli_parity_regression_exits_1(tmp_path: Path, out_dir: Path) -> None:
+    base = make_results(parity=[parity_row("smoke", "pass")])
+    head = make_results(parity=[parity_row("smoke", "fail", reason="rel err 0.3")], sha="b" * 40)
+    assert (
+        run_cli(str(save(base, tmp_path / "a")), str(save(head, tmp_path / "b")), "--out", str(out_dir)) == 1
+    )
+
+
+def test_cli_lists_cases_present_on_one_side_only(
+    tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = make_results({"kept": timings(0.1, seed=1), "dropped": timings(0.2, seed=3)})
+    head = make_results({"kept": timings(0.1, seed=2), "added": timings(0.3, seed=4)}, sha="b" * 40)
+    assert (
+        run_cli(str(save(base, tmp_path / "a")), str(save(head, tmp_path / "b")), "--out", str(out_dir)) == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("BASE ONLY") and "dropped" in line for line in lines)
+    assert any(line.startswith("HEAD ONLY") and "added" in line for line in lines)
+
+
+def test_cli_refuses_different_gpu_models_without_force(
+    tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = save(make_results({"c": timings(0.1, seed=1)}, gpu=H200), tmp_path / "a")
+    head = save(make_results({"c": timings(0.2, seed=2)}, gpu="NVIDIA GeForce RTX 5090"), tmp_path / "b")
+    assert run_cli(str(base), str(head), "--out", str(out_dir)) == 2
+    err = capsys.readouterr().err
+    assert H200 in err and "RTX 5090" in err and "--force" in err
+    assert run_cli(str(base), str(head), "--out", str(out_dir), "--force") == 1
+
+
+def test_cpu_parity_runs_compare_parity_only(tmp_path: Path) -> None:
+    base = make_results(
+        {"c": timings(0.1, seed=1)}, gpu=None, parity=[parity_row("smoke", "pass", impl="oracle")]
+    )
+    head = make_results(
+        {"c": timings(0.5, seed=2)}, gpu=None, parity=[parity_row("smoke", "pass", impl="oracle")]
+    )
+    c = compare.compare_results(compare.Side("a", base), compare.Side("b", head))
+    assert c.timing == () and [v.verdict for v in c.parity] == [compare.SAME]
+    assert any("parity only" in n for n in c.notes)
+
+
+def test_impls_option_restricts_the_gate(tmp_path: Path, out_dir: Path) -> None:
+    base = make_results({"c": timings(0.1, seed=1)})
+    head = make_results({"c": timings(0.2, seed=2)}, sha="b" * 40)
+    a, b = str(save(base, tmp_path / "a")), str(save(head, tmp_path / "b"))
+    assert run_cli(a, b, "--out", str(out_dir), "--impls", "sglang-triton-ps1") == 0
+    assert run_cli(a, b, "--out", str(out_dir), "--impls", "verify-attn-cuda") == 1
+
+
+def test_min_change_outside_zero_one_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        run_cli("a", "b", "--min-change", "3")
+    assert "--min-change must be a fraction" in capsys.readouterr().err
+
+
+def test_an_argument_that_is_neither_path_nor_revision_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    git_repo(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    save(make_results({"c": timings(0.1, seed=1)}), tmp_path / "b")
+    assert run_cli("no-such-thing", "b") == 2
+    assert "BASE: 'no-such-thing' is neither" in capsys.readouterr().err
+
+
+# --- HTML -----------------------------------------------------------------------------------------
+
+
+class _Rows(HTMLParser):
+    """Cell texts of every table row, by table (in document order)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[list[list[str]]] = []
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: object) -> None:
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[-1][-1].append(" ".join("".join(self._cell).split()))
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def test_html_is_written_and_holds_the_verdict_table(tmp_path: Path, out_dir: Path) -> None:
+    base = make_results(
+        {"B1-P65536-T16-H8-shuffled": timings(0.1, seed=1), "B1-P1000-T4-H8-shuffled": timings(0.05, seed=3)},
+        parity=[parity_row("smoke", "pass")],
+    )
+    head = make_results(
+        {
+            "B1-P65536-T16-H8-shuffled": timings(0.11, seed=2),
+            "B1-P1000-T4-H8-shuffled": timings(0.05, seed=4),
+        },
+        parity=[parity_row("smoke", "pass")],
+        sha="b" * 40,
+    )
+    assert (
+        run_cli(str(save(base, tmp_path / "a")), str(save(head, tmp_path / "b")), "--out", str(out_dir)) == 1
+    )
+    (page,) = out_dir.glob("*.html")
+    assert page.name == "compare-sweep-quick-nvidia-h200-aaaaaaa-vs-bbbbbbb.html"
+    parser = _Rows()
+    parser.feed(page.read_text())
+    timing = next(t for t in parser.tables if t and "HEAD ms" in t[0])
+    body = {row[1]: row[0] for row in timing[1:]}
+    assert body == {"B1-P65536-T16-H8-shuffled": "SLOWER", "B1-P1000-T4-H8-shuffled": "SAME"}
+    assert "<svg" in page.read_text() and "min(HEAD) &gt; q3(BASE)" in page.read_text()
+    assert not list(out_dir.glob(".*.tmp"))
+
+
+# --- finding runs: git revisions and history --------------------------------------------------------
+
+
+def git(repo: Path, *args: str) -> str:
+    ident = ["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"]
+    return subprocess.run(
+        ["git", "-C", str(repo), *ident, *args], check=True, capture_output=True, text=True
+    ).stdout
+
+
+def git_repo(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "-q", "-b", "main")
+    return path
+
+
+def commit_all(repo: Path, message: str) -> str:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+    return git(repo, "rev-parse", "HEAD").strip()
+
+
+def test_a_revision_resolves_to_its_newest_committed_run_of_the_same_model_and_grid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo = git_repo(tmp_path / "repo")
+    reports = repo / "reports"
+    save(make_results({"c": timings(0.2, seed=9)}, created="2025-01-01T00:00:00Z"), reports / "old")
+    save(make_results({"c": timings(0.1, seed=1)}, created="2025-02-01T00:00:00Z"), reports / "base")
+    # newer, but another GPU model and another grid: must not be picked
+    save(
+        make_results({"c": timings(0.5, seed=5)}, gpu="NVIDIA B200", created="2025-03-01T00:00:00Z"),
+        reports / "b200",
+    )
+    save(
+        make_results({"c": timings(0.5, seed=6)}, grid="full", created="2025-03-01T00:00:00Z"),
+        reports / "full",
+    )
+    base_sha = commit_all(repo, "base runs")
+    head = save(
+        make_results({"c": timings(0.11, seed=2)}, sha="b" * 40, created="2025-04-01T00:00:00Z"),
+        tmp_path / "head",
+    )
+    monkeypatch.chdir(repo)
+
+    ((base_side, head_side),) = compare.resolve_pairs(base_sha[:10], str(head))
+    assert base_side.label.endswith("reports/base/results.json")
+    assert head_side.label == str(head)
+    assert run_cli(base_sha[:10], str(head), "--out", str(out_dir)) == 1
+    assert "SLOWER 1" in capsys.readouterr().out
+
+
+def test_two_revisions_compare_every_group_present_at_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = git_repo(tmp_path / "repo")
+    reports = repo / "reports"
+    save(make_results({"c": timings(0.1, seed=1)}, created="2025-01-01T00:00:00Z"), reports / "q1")
+    save(
+        make_results(parity=[parity_row("smoke", "pass")], kind="parity", created="2025-01-01T00:00:00Z"),
+        reports / "p1",
+    )
+    first = commit_all(repo, "first")
+    save(
+        make_results({"c": timings(0.1, seed=2)}, sha="b" * 40, created="2025-01-02T00:00:00Z"),
+        reports / "q2",
+    )
+    second = commit_all(repo, "second")
+    monkeypatch.chdir(repo)
+    pairs = compare.resolve_pairs(first, second)
+    labels = sorted((b.label.split(": ")[1], h.label.split(": ")[1]) for b, h in pairs)
+    assert labels == [
+        ("reports/p1/results.json", "reports/p1/results.json"),
+        ("reports/q1/results.json", "reports/q2/results.json"),
+    ]
+
+
+def test_a_revision_without_a_matching_run_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo = git_repo(tmp_path / "repo")
+    save(make_results({"c": timings(0.1, seed=1)}, grid="full"), repo / "reports" / "x")
+    sha = commit_all(repo, "x")
+    head = save(make_results({"c": timings(0.1, seed=1)}, grid="quick"), tmp_path / "head")
+    monkeypatch.chdir(repo)
+    assert run_cli(sha, str(head)) == 2
+    assert "has no committed run of sweep quick on NVIDIA H200" in capsys.readouterr().err
+
+
+def test_history_compares_the_newest_two_of_each_model_and_grid(
+    tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reports = tmp_path / "reports"
+    # "-05:00" sorts before "+00:00" as text but is the later time: order must use the time itself
+    save(
+        make_results({"c": timings(0.1, seed=1)}, sha="1" * 40, created="2025-01-01T00:00:00+00:00"),
+        reports / "r1",
+    )
+    save(
+        make_results({"c": timings(0.1, seed=2)}, sha="2" * 40, created="2025-01-02T00:00:00+00:00"),
+        reports / "r2",
+    )
+    save(
+        make_results({"c": timings(0.11, seed=3)}, sha="3" * 40, created="2025-01-01T23:00:00-05:00"),
+        reports / "r3",
+    )
+    save(make_results({"c": timings(0.5, seed=4)}, sha="4" * 40, gpu="NVIDIA B200"), reports / "b200")
+    save(make_results({"c": timings(0.5, seed=5)}, sha="5" * 40, grid="full"), reports / "full")
+    assert run_cli("--history", str(reports), "--out", str(out_dir)) == 1
+    out = capsys.readouterr().out
+    assert out.count("compare sweep") == 1
+    assert "BASE 2222222" in out and "HEAD 3333333" in out and "SLOWER 1" in out
+
+
+def test_history_reads_only_files_git_tracks(tmp_path: Path, out_dir: Path) -> None:
+    repo = git_repo(tmp_path / "repo")
+    reports = repo / "reports"
+    save(
+        make_results({"c": timings(0.1, seed=1)}, sha="1" * 40, created="2025-01-01T00:00:00Z"),
+        reports / "r1",
+    )
+    save(
+        make_results({"c": timings(0.1, seed=2)}, sha="2" * 40, created="2025-01-02T00:00:00Z"),
+        reports / "r2",
+    )
+    commit_all(repo, "runs")
+    save(
+        make_results({"c": timings(0.3, seed=3)}, sha="3" * 40, created="2025-01-03T00:00:00Z"),
+        reports / "scratch",
+    )
+    pairs = compare.history_pairs(reports)
+    assert [(b.results.git["sha"][0], h.results.git["sha"][0]) for b, h in pairs] == [("1", "2")]
+
+
+def test_history_with_nothing_to_compare_exits_0_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save(make_results({"c": timings(0.1, seed=1)}), tmp_path / "reports" / "only")
+    assert run_cli("--history", str(tmp_path / "reports")) == 0
+    assert "nothing to compare" in capsys.readouterr().out
+
+
+def test_run_grid_reads_the_command_line() -> None:
+    r = make_results({})
+    assert compare.run_grid(r) == "quick"
+    for command, grid in [
+        ("python -m harness sweep --grid=harness/grids/mine.toml", "mine"),
+        ("python -m harness sweep", "default"),
+    ]:
+        r.command = command
+        assert compare.run_grid(r) == grid
+    r = make_results(kind="parity")
+    r.command = "python -m harness parity --bundles smoke,ddtree"
+    assert compare.run_grid(r) == "ddtree,smoke"
+
+
+def test_corrupt_results_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad" / "results.json"
+    bad.parent.mkdir()
+    bad.write_text(json.dumps({"schema": "verify-attention/results"})[:-3])
+    good = save(make_results({"c": timings(0.1, seed=1)}), tmp_path / "good")
+    assert run_cli(str(bad.parent), str(good)) == 2
+    assert str(bad) in capsys.readouterr().err
