@@ -90,7 +90,9 @@ def verify_metadata_from_sglang(
         )
     if custom_mask is not None and (mask_indptr is None or mask_indptr.shape != qo_indptr.shape):
         got = None if mask_indptr is None else tuple(mask_indptr.shape)
-        raise ValueError(f"mask_indptr must be [B+1] = {tuple(qo_indptr.shape)} with a custom_mask, got {got}")
+        raise ValueError(
+            f"mask_indptr must be [B+1] = {tuple(qo_indptr.shape)} with a custom_mask, got {got}"
+        )
     qo = qo_indptr.to(torch.int64)
     kvp = kv_indptr.to(torch.int64)
     num_draft = qo[1:] - qo[:-1]
@@ -128,7 +130,9 @@ def verify_metadata_from_sglang(
     words = _words_to_int32((bits.view(n, w_max, 32).to(torch.int64) << shifts).sum(-1))  # [N, w_max]
 
     wpr = (num_draft + 31) // 32
-    mask_indptr_ours = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), torch.cumsum(num_draft * wpr, 0)])
+    mask_indptr_ours = torch.cat(
+        [torch.zeros(1, dtype=torch.int64, device=device), torch.cumsum(num_draft * wpr, 0)]
+    )
     w = torch.arange(w_max, device=device)[None, :]
     target = mask_indptr_ours[rb][:, None] + i * wpr[rb][:, None] + w
     # Words past a row's words_per_row are zero; they all land in one spare slot, dropped below.
@@ -161,21 +165,50 @@ def extend_attention_fwd(
     k_scale: float,
     v_scale: float,
     sm_scale: float,
+    logit_cap: float = 0.0,
     *,
     out_cache_loc: torch.Tensor,
     prefix_len_sum: int | None = None,
     lse: torch.Tensor | None = None,
     config: str = "auto",
+    sliding_window_size: int = -1,
+    sinks: torch.Tensor | None = None,
+    window_kv_offsets: torch.Tensor | None = None,
+    xai_temperature_len: int = -1,
+    page_size: int = 1,
+    score_mod: object = None,
+    aux_tensors: object = None,
+    extend_seq_lens_cpu: object = None,
 ) -> torch.Tensor:
-    """SGLang's MLA verify call (same positional arguments), computed by this kernel into ``o_extend``.
+    """SGLang's MLA verify call (same arguments), computed by this kernel into ``o_extend``.
 
-    ``k_extend`` and ``v_extend`` are accepted for the drop-in but not read: the backend has
-    already written those rows to the pool at ``out_cache_loc``, where this kernel reads them.
-    ``sm_scale`` has no default (SGLang's 1/sqrt(576) is wrong for MLA). ``lse``, if given
-    ([N, H] fp32), receives the log-sum-exp. Returns ``o_extend``.
+    Bind ``out_cache_loc`` (and ``prefix_len_sum`` when known) with functools.partial to swap
+    it in for the backend's ``extend_attention_fwd``. ``k_extend`` and ``v_extend`` are accepted
+    but not read: the backend has already written those rows to the pool at ``out_cache_loc``,
+    where this kernel reads them. ``sm_scale`` has no default (SGLang's 1/sqrt(576) is wrong for
+    MLA). ``lse``, if given ([N, H] fp32), receives the log-sum-exp. The backend's other
+    keywords are accepted at their no-op values (``extend_seq_lens_cpu`` only tunes SGLang's
+    own launch grid); any other value raises, naming the argument. Returns ``o_extend``.
     """
     if k_scale != 1.0 or v_scale != 1.0:
-        raise ValueError(f"k_scale = {k_scale}, v_scale = {v_scale}: this kernel reads a bf16 pool unscaled (1.0)")
+        raise ValueError(
+            f"k_scale = {k_scale}, v_scale = {v_scale}: this kernel reads a bf16 pool unscaled (1.0)"
+        )
+    unsupported = {
+        "logit_cap": (logit_cap, 0.0),
+        "sliding_window_size": (sliding_window_size, -1),
+        "sinks": (sinks, None),
+        "window_kv_offsets": (window_kv_offsets, None),
+        "xai_temperature_len": (xai_temperature_len, -1),
+        "page_size": (page_size, 1),
+        "score_mod": (score_mod, None),
+        "aux_tensors": (aux_tensors, None),
+    }
+    for name, (value, supported) in unsupported.items():
+        if (value is not None) if supported is None else (value != supported):
+            raise ValueError(
+                f"{name} = {value!r}: this kernel supports only {supported!r} (MLA verify, page_size=1)"
+            )
     if v_buffer.data_ptr() != k_buffer.data_ptr() or v_buffer.shape[-1] != V_DIM:
         raise ValueError(
             f"v_buffer must be k_buffer[..., :{V_DIM}] (MLA reads V from the first {V_DIM} dims of each "

@@ -1,0 +1,252 @@
+"""kernel/sglang_adapter.py: SGLang's verify arguments converted for this kernel, and the drop-in.
+
+The conversion is pure torch and is checked on the CPU against kernel.tree_mask.pack_parents and
+the batch's own kv_indices. SGLang's arguments come from harness.impl_sglang.sglang_verify_args,
+the same conversion the baseline uses, so these tests also tie the baseline's inputs to ours.
+The GPU tests run both kernels on the same SGLang-format batches.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import random
+
+import pytest
+import torch
+
+from harness.batch import QK_DIM, V_DIM, VerifyBatch
+from harness.impl_sglang import SglangVerifyArgs, sglang_verify_args
+from harness.tree import chain, random_tree
+from kernel.sglang_adapter import extend_attention_fwd, verify_metadata_from_sglang
+from kernel.tree_mask import pack_parents, pack_visibility
+
+REL_TOL, COS_TOL = 1e-2, 0.9999
+SM_SCALE = 1 / math.sqrt(192)
+DRAFT_SIZES = (1, 4, 16, 64)
+# (heads, largest prefix) for the GPU cases: the float64 reference's rows x keys stay <= ~6e7.
+GPU_SHAPES = ((1, 70000), (8, 5000), (16, 5000), (64, 300))
+
+
+def random_batch(
+    rng: random.Random,
+    *,
+    num_heads: int = 1,
+    max_prefix: int = 300,
+    draft_sizes: tuple[int, ...] = DRAFT_SIZES,
+    same_draft_size: bool = False,
+    device: torch.device | str = "cpu",
+) -> VerifyBatch:
+    """Up to 8 requests, ragged prefixes (0 included), random trees and chains; slots shuffled over
+    a pool larger than needed whose unreferenced rows hold NaN."""
+    b = rng.randint(1, 8)
+    prefix = [rng.choice((0, 1, rng.randint(0, max_prefix))) for _ in range(b)]
+    sizes = [rng.choice(draft_sizes)] * b if same_draft_size else [rng.choice(draft_sizes) for _ in range(b)]
+    parents = tuple(chain(t) if rng.random() < 0.25 else random_tree(t, rng.randrange(2**31)) for t in sizes)
+    kv_lens = [p + t for p, t in zip(prefix, sizes, strict=True)]
+    total = sum(kv_lens)
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    pool = torch.full((total + rng.randint(1, 64), QK_DIM), float("nan"))
+    slots = torch.randperm(pool.shape[0], generator=g)[:total]
+    pool[slots] = torch.randn(total, QK_DIM, generator=g)
+    q = torch.randn(sum(sizes), num_heads, QK_DIM, generator=g)
+    batch = VerifyBatch(
+        q=q.to(torch.bfloat16),
+        kv_cache=pool.to(torch.bfloat16),
+        kv_indices=slots.to(torch.int32),
+        qo_indptr=torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()], dtype=torch.int32),
+        kv_indptr=torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32),
+        prefix_lens=tuple(prefix),
+        parents=parents,
+        sm_scale=SM_SCALE,
+    )
+    return batch.to(device)
+
+
+def convert(args: SglangVerifyArgs, **overrides: object):
+    kwargs = {
+        "qo_indptr": args.qo_indptr,
+        "kv_indptr": args.kv_indptr,
+        "kv_indices": args.kv_indices,
+        "out_cache_loc": args.out_cache_loc,
+        "custom_mask": args.custom_mask,
+        "mask_indptr": args.mask_indptr,
+        "max_len_extend": args.max_len_extend,
+    }
+    kwargs.update(overrides)
+    return verify_metadata_from_sglang(**kwargs)
+
+
+def assert_tree_mask_equals(got, tree_mask: torch.Tensor, tree_mask_indptr: torch.Tensor) -> None:
+    """The addressed words equal; a tail past the last indptr entry (sized from host ints) is zero."""
+    assert torch.equal(got.tree_mask_indptr, tree_mask_indptr)
+    end = int(tree_mask_indptr[-1])
+    assert torch.equal(got.tree_mask[:end], tree_mask)
+    assert not got.tree_mask[end:].any()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_conversion_matches_our_kv_indices_and_pack_parents(seed: int) -> None:
+    batch = random_batch(random.Random(seed), same_draft_size=seed % 2 == 0)
+    got = convert(sglang_verify_args(batch), prefix_len_sum=sum(batch.prefix_lens))
+    assert torch.equal(got.kv_indices, batch.kv_indices)
+    assert torch.equal(got.kv_indptr, batch.kv_indptr)
+    tree_mask, tree_mask_indptr = pack_parents(batch.parents)
+    assert_tree_mask_equals(got, tree_mask, tree_mask_indptr)
+    if len(set(batch.num_draft)) == 1:
+        # SGLang verifies the same number of draft tokens per request: then sizes are exact.
+        assert got.tree_mask.numel() == int(tree_mask_indptr[-1])
+
+
+def test_mixed_words_per_row_is_packed_per_request() -> None:
+    parents = (random_tree(64, 1), chain(5), random_tree(33, 2), chain(1))
+    sizes = [len(p) for p in parents]
+    prefix = (3, 0, 41, 1)
+    kv_lens = [p + t for p, t in zip(prefix, sizes, strict=True)]
+    batch = VerifyBatch(
+        q=torch.zeros(sum(sizes), 1, QK_DIM, dtype=torch.bfloat16),
+        kv_cache=torch.zeros(sum(kv_lens), QK_DIM, dtype=torch.bfloat16),
+        kv_indices=torch.randperm(sum(kv_lens), generator=torch.Generator().manual_seed(3)).to(torch.int32),
+        qo_indptr=torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()], dtype=torch.int32),
+        kv_indptr=torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32),
+        prefix_lens=prefix,
+        parents=parents,
+        sm_scale=SM_SCALE,
+    )
+    got = convert(sglang_verify_args(batch), prefix_len_sum=sum(prefix))
+    tree_mask, tree_mask_indptr = pack_parents(parents)
+    assert_tree_mask_equals(got, tree_mask, tree_mask_indptr)
+    assert torch.equal(got.kv_indices, batch.kv_indices)
+
+
+def test_overallocated_sglang_kv_indices_leave_a_zero_tail() -> None:
+    batch = random_batch(random.Random(11))
+    args = sglang_verify_args(batch)
+    spare = torch.full((37,), 123456, dtype=torch.int64)
+    got = convert(args, kv_indices=torch.cat([args.kv_indices, spare]))
+    end = int(batch.kv_indptr[-1])
+    assert got.kv_indices.numel() == args.kv_indices.numel() + spare.numel() + batch.q.shape[0]
+    assert torch.equal(got.kv_indices[:end], batch.kv_indices)
+    assert not got.kv_indices[end:].any()
+
+
+@pytest.mark.parametrize("is_causal", [True, False])
+def test_without_custom_mask_causal_gives_a_chain_else_full_visibility(is_causal: bool) -> None:
+    batch = random_batch(random.Random(5), draft_sizes=(4, 16, 64))
+    got = convert(sglang_verify_args(batch), custom_mask=None, mask_indptr=None, is_causal=is_causal)
+    if is_causal:
+        expected = pack_parents([chain(t) for t in batch.num_draft])
+    else:
+        expected = pack_visibility([torch.ones(t, t, dtype=torch.bool) for t in batch.num_draft])
+    assert_tree_mask_equals(got, *expected)
+
+
+def test_causal_hides_later_draft_tokens_a_custom_mask_shows() -> None:
+    batch = random_batch(random.Random(9), draft_sizes=(16,))
+    args = sglang_verify_args(batch)
+    all_visible = torch.ones_like(args.custom_mask)
+    causal = convert(args, custom_mask=all_visible, is_causal=True)
+    full = convert(args, custom_mask=all_visible, is_causal=False)
+    assert_tree_mask_equals(causal, *pack_parents([chain(t) for t in batch.num_draft]))
+    assert not torch.equal(causal.tree_mask, full.tree_mask)
+
+
+def test_conversion_reads_no_tensor_data() -> None:
+    # On the meta device any .item(), host copy or data-dependent shape raises: passing here
+    # means the conversion only launches device work, as CUDA-graph capture requires.
+    args = sglang_verify_args(random_batch(random.Random(3)))
+    meta = {
+        name: getattr(args, name).to("meta")
+        for name in ("qo_indptr", "kv_indptr", "kv_indices", "out_cache_loc", "custom_mask", "mask_indptr")
+    }
+    got = verify_metadata_from_sglang(**meta, max_len_extend=args.max_len_extend, prefix_len_sum=17)
+    assert got.kv_indices.shape == (17 + args.out_cache_loc.numel(),)
+
+
+def test_unsupported_sglang_options_are_refused_by_name() -> None:
+    args = sglang_verify_args(random_batch(random.Random(2)))
+    o = torch.empty(args.q_extend.shape[0], args.q_extend.shape[1], V_DIM, dtype=torch.bfloat16)
+    positional = list(args.kernel_kwargs(o).values())
+    with pytest.raises(ValueError, match="sliding_window_size"):
+        extend_attention_fwd(*positional, out_cache_loc=args.out_cache_loc, sliding_window_size=128)
+    with pytest.raises(ValueError, match="k_scale"):
+        extend_attention_fwd(*positional[:13], 0.5, 1.0, args.sm_scale, out_cache_loc=args.out_cache_loc)
+    with pytest.raises(ValueError, match="v_buffer"):
+        extend_attention_fwd(
+            *positional[:5], args.v_extend, *positional[6:], out_cache_loc=args.out_cache_loc
+        )
+
+
+# GPU: both kernels on SGLang-format batches.
+
+needs_sglang = pytest.mark.skipif(
+    importlib.util.find_spec("sglang") is None, reason="sglang is not installed"
+)
+
+
+def row_errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(max relative L2 error, min cosine) over (token, head) rows."""
+    a, r = out.double().flatten(0, 1), ref.double().flatten(0, 1)
+    rel = (a - r).norm(dim=-1) / r.norm(dim=-1)
+    cos = torch.nn.functional.cosine_similarity(a, r, dim=-1)
+    return float(rel.max()), float(cos.min())
+
+
+@pytest.mark.gpu
+@needs_sglang
+@pytest.mark.parametrize("seed", range(12))
+def test_adapter_equals_sglang_triton_and_both_equal_the_reference(seed: int) -> None:
+    from harness.impl_sglang import load_kernel
+    from harness.oracle import reference
+
+    sglang = load_kernel()
+    assert not isinstance(sglang, str), sglang
+    rng = random.Random(1000 + seed)
+    heads, max_prefix = GPU_SHAPES[seed % len(GPU_SHAPES)]
+    batch = random_batch(
+        rng, num_heads=heads, max_prefix=max_prefix, same_draft_size=seed % 3 != 0, device="cuda"
+    )
+    args = sglang_verify_args(batch)
+    n, h = batch.q.shape[:2]
+    o_sglang = torch.empty(n, h, V_DIM, dtype=torch.bfloat16, device="cuda")
+    sglang.extend_attention_fwd(**args.kernel_kwargs(o_sglang))
+    o_ours = torch.empty_like(o_sglang)
+    # kernel_kwargs is in extend_attention_fwd's parameter order: the adapter takes it positionally.
+    extend_attention_fwd(
+        *args.kernel_kwargs(o_ours).values(),
+        out_cache_loc=args.out_cache_loc,
+        prefix_len_sum=sum(batch.prefix_lens),
+    )
+    ref, _ = reference(batch)
+    for label, out in (("sglang", o_sglang), ("adapter", o_ours)):
+        rel, cos = row_errors(out, ref)
+        assert rel <= REL_TOL and cos >= COS_TOL, f"{label} vs float64: max rel {rel:.3g}, min cos {cos:.6f}"
+    rel, cos = row_errors(o_ours, o_sglang)
+    assert rel <= REL_TOL and cos >= COS_TOL, f"adapter vs sglang: max rel {rel:.3g}, min cos {cos:.6f}"
+
+
+@pytest.mark.gpu
+def test_adapter_call_syncs_nothing_and_replays_from_a_cuda_graph() -> None:
+    batch = random_batch(random.Random(4), num_heads=16, max_prefix=5000, same_draft_size=True, device="cuda")
+    args = sglang_verify_args(batch)
+    n, h = batch.q.shape[:2]
+    o_eager = torch.empty(n, h, V_DIM, dtype=torch.bfloat16, device="cuda")
+    o_graph = torch.empty_like(o_eager)
+
+    def call(o: torch.Tensor) -> None:
+        extend_attention_fwd(*args.kernel_kwargs(o).values(), out_cache_loc=args.out_cache_loc)
+
+    call(o_eager)  # builds the extension and warms up outside the sync check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        call(o_eager)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(o_graph)
+    o_graph.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(o_graph, o_eager)
