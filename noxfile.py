@@ -59,10 +59,14 @@ def ab(session: nox.Session) -> None:
 
 @nox.session(venv_params=VENV_PARAMS)
 def tests(session: nox.Session) -> None:
-    """The CPU test suite (GPU tests skip with their reason), plus the sm_90/sm_120 ptxas check."""
+    """CPU tests (GPU tests skip with their reason), the sm_90/sm_120 ptxas resource check, and the
+    regression gate over the committed report history (newest two runs per GPU model and grid)."""
     _install_project(session, "[dev]")
     session.run("python", "-m", "kernel.ptxas_check")
     session.run("python", "-m", "pytest", *(session.posargs or ["-q"]))
+    if not session.posargs:  # the large bundles (4-6): regeneration, goldens, controls, ~2 minutes
+        session.run("python", "-m", "pytest", "-q", "-m", "slow")
+    _harness(session, "compare", "--history", "reports/")
 
 
 @nox.session(venv_params=VENV_PARAMS)

@@ -70,17 +70,10 @@ import torch
 from harness import compare
 from harness.batch import V_DIM, VerifyBatch
 from harness.cases import build_batch
+from harness.env import environment, git_info
 from harness.registry import RunFn
 from harness.results import Results, SweepRow, write_results
-from harness.sweep import (
-    GridError,
-    PlannedCase,
-    TimingPolicy,
-    environment,
-    git_info,
-    load_grid,
-    with_speedups,
-)
+from harness.sweep import GridError, PlannedCase, TimingPolicy, load_grid, with_speedups
 from harness.timing import exclusive_gpu, l2_bytes_of, measure, rotation_sets, round_sig, summarize
 
 DEFAULT_ROUNDS = 6

@@ -4,6 +4,9 @@ The module name carries a hash of the sources, the target archs and the flags, s
 revisions of the kernel (an A/B run) or two arch lists never share a build. Builds land in
 ``$VERIFY_ATTN_BUILD_DIR`` or ``~/.cache/verify-attention/<name>``.
 
+Tuning builds: ``$VERIFY_ATTN_EXTRA_CUDA_FLAGS`` (e.g. ``-DVA_QK_SPLIT=4``) is appended to the nvcc
+flags and is part of the hash, so variants coexist.
+
 Target archs: ``$VERIFY_ATTN_ARCHS`` (e.g. ``"9.0;12.0"``), else the current GPU's compute
 capability. ``python -m kernel.ptxas_check`` compiles the kernels for sm_90 and sm_120 on any
 machine with nvcc, without a GPU.
@@ -39,13 +42,17 @@ def target_archs() -> str:
     return f"{major}.{minor}"
 
 
+def cuda_flags() -> tuple[str, ...]:
+    return CUDA_FLAGS + tuple(os.environ.get("VERIFY_ATTN_EXTRA_CUDA_FLAGS", "").split())
+
+
 def source_hash(archs: str) -> str:
     h = hashlib.sha256()
     for name in SOURCES + HEADERS:
         h.update(name.encode())
         h.update((CSRC / name).read_bytes())
     h.update(archs.encode())
-    h.update(" ".join(CUDA_FLAGS + CXX_FLAGS).encode())
+    h.update(" ".join(cuda_flags() + CXX_FLAGS).encode())
     return h.hexdigest()[:16]
 
 
@@ -69,7 +76,7 @@ def load_extension(verbose: bool = False) -> ModuleType:
             name=name,
             sources=[str(CSRC / s) for s in SOURCES],
             extra_cflags=list(CXX_FLAGS),
-            extra_cuda_cflags=list(CUDA_FLAGS),
+            extra_cuda_cflags=list(cuda_flags()),
             extra_include_paths=[str(CSRC)],
             build_directory=str(build_dir),
             verbose=verbose,
@@ -85,4 +92,4 @@ def load_extension(verbose: bool = False) -> ModuleType:
 def build_flags() -> dict[str, object]:
     """What a report records about the build."""
     archs = os.environ.get("VERIFY_ATTN_ARCHS", "")
-    return {"cuda_flags": list(CUDA_FLAGS), "cxx_flags": list(CXX_FLAGS), "archs_env": archs}
+    return {"cuda_flags": list(cuda_flags()), "cxx_flags": list(CXX_FLAGS), "archs_env": archs}

@@ -7,6 +7,7 @@ up to 16 requests, slots scattered over a pool whose unreferenced rows hold NaN.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -26,51 +27,60 @@ HEADS = (1, 2, 8, 16, 64, 128)
 WORK_CAP = 6e7
 
 
-def random_batch(rng: random.Random, device: torch.device) -> VerifyBatch:
-    """A random ragged batch within WORK_CAP; unreferenced pool slots hold NaN."""
+def random_shape(rng: random.Random, work_cap: float = WORK_CAP) -> tuple[list[int], list[int], int]:
+    """(prefix lens, draft counts, heads) of a random ragged batch within ``work_cap`` rows x keys."""
     while True:
         h = rng.choice(HEADS)
         b = rng.choice((1, 1, 2, 3, 5, 8, 16))
         kind = rng.random()
         num_draft = [rng.choice((1, 2, 4, 7, 16, 33, 64, 100, 256)) for _ in range(b)]
-        prefix = []
-        for _ in range(b):
-            if kind < 0.15:
-                prefix.append(rng.choice((0, 1)))
-            elif kind < 0.8:
-                prefix.append(rng.randint(0, 5000))
-            else:
-                prefix.append(rng.choice((32768, 65536 + 7, 131071, 200000, 262144)))
-        work = sum(t * h * (p + t) for p, t in zip(prefix, num_draft, strict=True))
-        if work <= WORK_CAP:
-            break
+        if kind < 0.15:
+            prefix = [rng.choice((0, 1)) for _ in range(b)]
+        elif kind < 0.8:
+            prefix = [rng.randint(0, 5000) for _ in range(b)]
+        else:
+            prefix = [rng.choice((32768, 65536 + 7, 131071, 200000, 262144)) for _ in range(b)]
+        if sum(t * h * (p + t) for p, t in zip(prefix, num_draft, strict=True)) <= work_cap:
+            return prefix, num_draft, h
+
+
+def make_batch(
+    rng: random.Random, device: torch.device, prefix: list[int], num_draft: list[int], num_heads: int
+) -> VerifyBatch:
+    """Random q and KV rows, drawn on the device; slots scattered (or, now and then, contiguous)
+    over a larger pool whose unreferenced rows hold NaN; random trees and chains."""
     parents = tuple(
         chain(t) if rng.random() < 0.3 else random_tree(t, rng.randrange(2**31)) for t in num_draft
     )
     kv_lens = [p + t for p, t in zip(prefix, num_draft, strict=True)]
     total_kv = sum(kv_lens)
     pool = total_kv + rng.randint(1, max(1, total_kv // 4)) + 3
-    g = torch.Generator(device="cpu").manual_seed(rng.randrange(2**31))
-    kv_cache = torch.full((pool, QK_DIM), float("nan"), dtype=torch.bfloat16)
-    slots = torch.randperm(pool, generator=g)[:total_kv]
-    if rng.random() < 0.25:  # contiguous layout now and then
-        slots = torch.arange(total_kv) + (pool - total_kv)
-    kv_cache[slots] = torch.randn(total_kv, QK_DIM, generator=g).to(torch.bfloat16)
-    n = sum(num_draft)
-    q = torch.randn(n, h, QK_DIM, generator=g).to(torch.bfloat16)
-    qo = torch.tensor([0, *torch.tensor(num_draft).cumsum(0).tolist()], dtype=torch.int32)
-    kvp = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32)
-    batch = VerifyBatch(
+    g = torch.Generator(device=device).manual_seed(rng.randrange(2**31))
+    kv_cache = torch.full((pool, QK_DIM), float("nan"), dtype=torch.bfloat16, device=device)
+    if rng.random() < 0.25:
+        slots = torch.arange(total_kv, device=device) + (pool - total_kv)
+    else:
+        slots = torch.randperm(pool, generator=g, device=device)[:total_kv]
+    kv_cache[slots] = torch.randn(total_kv, QK_DIM, generator=g, device=device).to(torch.bfloat16)
+    q = torch.randn(sum(num_draft), num_heads, QK_DIM, generator=g, device=device).to(torch.bfloat16)
+
+    def indptr(lens: list[int]) -> torch.Tensor:
+        return torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=device)
+
+    return VerifyBatch(
         q=q,
         kv_cache=kv_cache,
         kv_indices=slots.to(torch.int32),
-        qo_indptr=qo,
-        kv_indptr=kvp,
+        qo_indptr=indptr(num_draft),
+        kv_indptr=indptr(kv_lens),
         prefix_lens=tuple(prefix),
         parents=parents,
         sm_scale=SM_SCALE,
     )
-    return batch.to(device)
+
+
+def random_batch(rng: random.Random, device: torch.device, work_cap: float = WORK_CAP) -> VerifyBatch:
+    return make_batch(rng, device, *random_shape(rng, work_cap))
 
 
 def assert_close(out: torch.Tensor, lse: torch.Tensor, batch: VerifyBatch, label: str) -> None:
@@ -132,12 +142,7 @@ def test_output_is_bitwise_deterministic() -> None:
 
 def test_long_prefix_split_is_deterministic_and_correct() -> None:
     """One 200k-prefix request: many splits through the combine step."""
-    rng = random.Random(11)
-    device = torch.device("cuda")
-    while True:
-        batch = random_batch(rng, device)
-        if batch.batch_size == 1 and batch.prefix_lens[0] >= 131071:
-            break
+    batch = make_batch(random.Random(11), torch.device("cuda"), [200000], [64], 16)
     out, lse = run_kernel(batch)
     assert_close(out, lse, batch, describe(batch))
     again, _ = run_kernel(batch, validate=False)
@@ -272,3 +277,18 @@ def test_bad_config_name_is_refused() -> None:
 
     with pytest.raises(ValueError, match="config must be one of"):
         kernel.verify_attention(**_good(), config="huge")
+
+
+@pytest.mark.parametrize("config", ["large", "small"])
+@pytest.mark.parametrize("name", ["smoke", "ddtree", "ragged", "kimi-k2-tp8", "two-long", "deepseek-v3-200k"])
+def test_parity_on_bundle(name: str, config: str) -> None:
+    """Numeric and token-exact parity on every canonical bundle, in both tile configs."""
+    from harness import bundles, parity
+    from harness.impl_kernel import NAME, prepare
+
+    bundle = bundles.load(name)
+    batch = bundles.to_batch(bundle, "cuda")
+    out, lse = prepare(batch, config=config)()
+    row = parity.check(bundle, NAME, out, lse)
+    assert row.status == "pass", f"{name} ({config}): {row.reason}"
+    assert row.tokens_match and row.path_match

@@ -9,10 +9,12 @@
 //               1152-byte rows) and used for both QK (576 dims) and PV (first 512 dims).
 //   3. combine: merges the splits of each row in a fixed order (bitwise deterministic).
 //
-// Warp layout of the main kernel: warps come in pairs; both warps of a pair own the same 16 rows
-// and compute the same S = Q K^T tile (mma.sync m16n8k16 bf16), each keeps half of the 512 output
-// dims in registers (16 x 256 fp32 = 128 registers per thread). Recomputing S in both warps costs
-// ~half of the QK work again but needs no cross-warp softmax exchange; see kernel/NOTES.md.
+// Warp layout of the main kernel: warps come in pairs; both warps of a pair own the same 16 rows.
+// Each computes S = Q K^T (mma.sync m16n8k16 bf16) for its half of the tile's keys; the pair
+// swaps row maxima and bf16 probabilities through shared memory, and each warp then multiplies
+// P (all keys) by its half of V's 512 dims, kept in registers (16 x 256 fp32 = 128 registers per
+// thread). Splitting S instead of computing it twice saved a third of the mma work; see
+// kernel/NOTES.md (v1 -> v2).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -28,6 +30,12 @@ constexpr int kChunksPerRow = kQKDim * 2 / 16;  // 72 chunks of 16 bytes per KV 
 constexpr int kSmemRow = kQKDim + 8;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// Independent QK accumulator sets per warp (kernel/NOTES.md, v2). A build flag so that tuning
+// runs can compare values without editing the source.
+#ifndef VA_QK_SPLIT
+#define VA_QK_SPLIT 2
+#endif
+
 // Tile configuration. kRowGroups x 16 rows per CTA, 2 warps per row group.
 template <int kRowGroups_, int kBlockN_, int kStages_>
 struct Config {
@@ -37,15 +45,19 @@ struct Config {
   static constexpr int kM = 16 * kRowGroups;
   static constexpr int kWarps = 2 * kRowGroups;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kSmemBytes = (kM + kStages * kBlockN) * kSmemRow * 2;
+  static constexpr int kPRow = kBlockN + 8;  // bf16 probabilities of one row (+8: conflict-free ldmatrix)
+  static constexpr int kKVBytes = (kM + kStages * kBlockN) * kSmemRow * 2;
+  static constexpr int kPBytes = kM * kPRow * 2;
+  static constexpr int kRedBytes = kWarps * 16 * 4;  // each warp's row maxima, then row sums
+  static constexpr int kSmemBytes = kKVBytes + kPBytes + kRedBytes;
   static_assert(kBlockN % 16 == 0, "KV tile must be a multiple of the mma k-step");
   static_assert(kStages >= 2, "need at least double buffering");
 };
 
 // Large-shared-memory parts (sm_80, sm_90, sm_100: >= 160 KB per block).
-using ConfigLarge = Config<4, 32, 2>;   // M=64, 8 warps, 146 KB
+using ConfigLarge = Config<4, 32, 2>;   // M=64, 8 warps, 151 KB
 // sm_120 / sm_86 / sm_89: 99 KB per block, ~100 KB per SM.
-using ConfigSmall = Config<2, 16, 3>;   // M=32, 4 warps, 91 KB
+using ConfigSmall = Config<2, 16, 3>;   // M=32, 4 warps, 93 KB
 
 struct Params {
   const __nv_bfloat16* q;             // [N, H, 576]
@@ -97,10 +109,20 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
 }
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr(p)));
+}
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
+}
+
+// Barrier for the 64 threads of one warp pair (ids 1.. ; 0 is __syncthreads).
+__device__ __forceinline__ void pair_barrier(int pair) {
+  asm volatile("bar.sync %0, 64;\n" ::"r"(pair + 1));
 }
 
 // D = A * B + D, m16n8k16, bf16 inputs, fp32 accumulators.
@@ -246,7 +268,10 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(Params p) {
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Params p) {
   constexpr int kM = Cfg::kM, kBN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
-  constexpr int kNTiles = kBN / 8;       // n8 tiles of S per warp
+  constexpr int kOwnKeys = kBN / 2;      // keys of S computed by each warp of a pair
+  constexpr int kNTiles = kOwnKeys / 8;  // n8 tiles of S per warp
+  constexpr int kQKSplit = VA_QK_SPLIT;
+  static_assert((kQKDim / 16) % kQKSplit == 0, "the 36 k-steps of QK must divide among the accumulator sets");
   constexpr int kHalfDims = kVDim / 2;   // output dims owned by one warp
   constexpr int kOTiles = kHalfDims / 8; // n8 tiles of O per warp
 
@@ -257,6 +282,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kM][kSmemRow]
   __nv_bfloat16* sKV = sQ + kM * kSmemRow;                           // [kStages][kBN][kSmemRow]
+  __nv_bfloat16* sP = reinterpret_cast<__nv_bfloat16*>(smem_raw + Cfg::kKVBytes);  // [kM][kPRow]
+  float* sRed = reinterpret_cast<float*>(smem_raw + Cfg::kKVBytes + Cfg::kPBytes);  // [kWarps][16]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int row_group = warp >> 1, half = warp & 1;
@@ -292,26 +319,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   }
   cp_async_commit();
 
+  // KV gather: kThreadsPerRow threads per row, each copying every kThreadsPerRow-th 16-byte chunk,
+  // so a thread needs one slot index per tile. That index is fetched a whole tile ahead: its
+  // global-memory latency would otherwise stall every warp at the start of every tile (v3 notes).
+  constexpr int kThreadsPerRow = kThreads / kBN;
+  static_assert(kThreads % kBN == 0 && kChunksPerRow % kThreadsPerRow == 0, "gather layout");
+  const int ld_row = tid / kThreadsPerRow, ld_sub = tid % kThreadsPerRow;
   const int num_tiles = ceil_div(kv_end - kv_begin, kBN);
-  auto load_tile = [&](int tile, int stage) {
-    __nv_bfloat16* dst = sKV + stage * kBN * kSmemRow;
-    const int pos0 = kv_begin + tile * kBN;
-    for (int c = tid; c < kBN * kChunksPerRow; c += kThreads) {
-      const int r = c / kChunksPerRow, k = c % kChunksPerRow;
-      const int pos = pos0 + r;
-      int slot = pos < kv_end ? __ldg(p.kv_indices + pos) : -1;
-      // Rows past the split, and slots outside the pool, are zero-filled: never read, and a
-      // zero V row times a zero probability cannot turn into NaN.
-      const bool ok = slot >= 0 && slot < p.num_slots;
-      const __nv_bfloat16* src = p.kv + (ok ? static_cast<int64_t>(slot) * kQKDim + k * 8 : 0);
-      cp_async_16(dst + r * kSmemRow + k * 8, src, ok);
+  auto fetch_slot = [&](int tile) -> int {
+    const int pos = kv_begin + tile * kBN + ld_row;
+    return pos < kv_end ? __ldg(p.kv_indices + pos) : -1;
+  };
+  auto load_tile = [&](int slot, int stage) {
+    // Rows past the split, and slots outside the pool, are zero-filled: never read, and a
+    // zero V row times a zero probability cannot turn into NaN.
+    const bool ok = slot >= 0 && slot < p.num_slots;
+    const __nv_bfloat16* src = p.kv + (ok ? static_cast<int64_t>(slot) * kQKDim : 0);
+    __nv_bfloat16* dst = sKV + (stage * kBN + ld_row) * kSmemRow;
+#pragma unroll
+    for (int i = 0; i < kChunksPerRow / kThreadsPerRow; ++i) {
+      const int k = ld_sub + i * kThreadsPerRow;
+      cp_async_16(dst + k * 8, src + (ok ? k * 8 : 0), ok);
     }
   };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < num_tiles) load_tile(s, s);
+    if (s < num_tiles) load_tile(fetch_slot(s), s);
     cp_async_commit();
   }
+  int next_slot = fetch_slot(kStages - 1);
 
   // Rows this thread holds in mma accumulator layout: r_lo = lane/4, r_hi = lane/4 + 8.
   const int r_lo = row_group * 16 + lane / 4;
@@ -331,33 +367,64 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     __syncthreads();
     {
       const int next = tile + kStages - 1;
-      if (next < num_tiles) load_tile(next, next % kStages);
+      if (next < num_tiles) load_tile(next_slot, next % kStages);
       cp_async_commit();
+      next_slot = fetch_slot(next + 1);  // consumed one tile from now
     }
     const __nv_bfloat16* sK = sKV + (tile % kStages) * kBN * kSmemRow;
 
-    // ---- S = Q K^T over 576 dims
-    float s[kNTiles][4];
+    // ---- S = Q K^T over 576 dims, this warp's half of the keys
+    const __nv_bfloat16* sK_own = sK + half * kOwnKeys * kSmemRow;
+    // kQKSplit independent accumulator sets over interleaved 16-dim steps: with only BN/16 n8
+    // tiles per warp, one set would make every mma wait for the previous one (latency bound).
+    float acc[kQKSplit][kNTiles][4];
 #pragma unroll
-    for (int j = 0; j < kNTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-#pragma unroll 4
-    for (int kk = 0; kk < kQKDim / 16; ++kk) {
-      uint32_t a[4];
-      ldmatrix_x4(a, q_warp + (lane % 16) * kSmemRow + kk * 16 + (lane / 16) * 8);
+    for (int x = 0; x < kQKSplit; ++x)
 #pragma unroll
-      for (int j = 0; j < kNTiles; j += 2) {
-        uint32_t bfrag[4];
-        const int key = j * 8 + (lane % 8) + ((lane / 16) * 8);
-        const int dim = kk * 16 + ((lane / 8) % 2) * 8;
-        ldmatrix_x4(bfrag, sK + key * kSmemRow + dim);
-        mma_bf16(s[j], a, bfrag[0], bfrag[1]);
-        mma_bf16(s[j + 1], a, bfrag[2], bfrag[3]);
+      for (int j = 0; j < kNTiles; ++j) acc[x][j][0] = acc[x][j][1] = acc[x][j][2] = acc[x][j][3] = 0.f;
+#pragma unroll 2
+    for (int k0 = 0; k0 < kQKDim / 16; k0 += kQKSplit) {
+#pragma unroll
+      for (int x = 0; x < kQKSplit; ++x) {
+        const int kk = k0 + x;
+        uint32_t a[4];
+        ldmatrix_x4(a, q_warp + (lane % 16) * kSmemRow + kk * 16 + (lane / 16) * 8);
+        if constexpr (kNTiles % 2 == 0) {
+#pragma unroll
+          for (int j = 0; j < kNTiles; j += 2) {
+            uint32_t bfrag[4];
+            const int key = j * 8 + (lane % 8) + ((lane / 16) * 8);
+            const int dim = kk * 16 + ((lane / 8) % 2) * 8;
+            ldmatrix_x4(bfrag, sK_own + key * kSmemRow + dim);
+            mma_bf16(acc[x][j], a, bfrag[0], bfrag[1]);
+            mma_bf16(acc[x][j + 1], a, bfrag[2], bfrag[3]);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < kNTiles; ++j) {
+            uint32_t bfrag[2];
+            const int key = j * 8 + (lane % 8);
+            const int dim = kk * 16 + ((lane / 8) % 2) * 8;
+            ldmatrix_x2(bfrag, sK_own + key * kSmemRow + dim);
+            mma_bf16(acc[x][j], a, bfrag[0], bfrag[1]);
+          }
+        }
       }
     }
+    float s[kNTiles][4];
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = acc[0][j][e];
+#pragma unroll
+        for (int x = 1; x < kQKSplit; ++x) v += acc[x][j][e];
+        s[j][e] = v;
+      }
 
-    // ---- scale, mask (only tiles that reach the split end or the draft tokens), online softmax
-    const int pos0 = kv_begin + tile * kBN;
-    const bool needs_mask = pos0 + kBN > kv_end || pos0 + kBN > draft_begin;
+    // ---- scale, mask (only tiles that reach the split end or the draft tokens)
+    const int pos0 = kv_begin + tile * kBN + half * kOwnKeys;
+    const bool needs_mask = kv_begin + (tile + 1) * kBN > kv_end || kv_begin + (tile + 1) * kBN > draft_begin;
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
@@ -377,6 +444,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
         s[j][e] = v;
       }
     }
+
+    // ---- online softmax: the pair agrees on each row's running max through shared memory
     float mx_lo = m_lo, mx_hi = m_hi;
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j) {
@@ -388,6 +457,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
       mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o2));
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o2));
     }
+    if (lane % 4 == 0) {
+      sRed[warp * 16 + lane / 4] = mx_lo;
+      sRed[warp * 16 + lane / 4 + 8] = mx_hi;
+    }
+    pair_barrier(row_group);
+    mx_lo = fmaxf(mx_lo, sRed[(warp ^ 1) * 16 + lane / 4]);
+    mx_hi = fmaxf(mx_hi, sRed[(warp ^ 1) * 16 + lane / 4 + 8]);
     // A row that has seen only masked keys keeps max -inf; subtract 0 then so exp2 gives 0, not NaN.
     const float ref_lo = mx_lo == -INFINITY ? 0.f : mx_lo;
     const float ref_hi = mx_hi == -INFINITY ? 0.f : mx_hi;
@@ -395,15 +471,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     m_lo = mx_lo;
     m_hi = mx_hi;
     float sum_lo = 0.f, sum_hi = 0.f;
+    __nv_bfloat16* p_row = sP + (row_group * 16 + lane / 4) * Cfg::kPRow + half * kOwnKeys + (lane % 4) * 2;
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j) {
-      s[j][0] = fast_exp2(s[j][0] - ref_lo);
-      s[j][1] = fast_exp2(s[j][1] - ref_lo);
-      s[j][2] = fast_exp2(s[j][2] - ref_hi);
-      s[j][3] = fast_exp2(s[j][3] - ref_hi);
-      sum_lo += s[j][0] + s[j][1];
-      sum_hi += s[j][2] + s[j][3];
+      const float p0 = fast_exp2(s[j][0] - ref_lo), p1 = fast_exp2(s[j][1] - ref_lo);
+      const float p2 = fast_exp2(s[j][2] - ref_hi), p3 = fast_exp2(s[j][3] - ref_hi);
+      sum_lo += p0 + p1;
+      sum_hi += p2 + p3;
+      *reinterpret_cast<uint32_t*>(p_row + j * 8) = pack_bf16(p0, p1);
+      *reinterpret_cast<uint32_t*>(p_row + 8 * Cfg::kPRow + j * 8) = pack_bf16(p2, p3);
     }
+    // Each warp keeps the sum over its own keys; the pair adds them once, after the last tile.
     l_lo = l_lo * alpha_lo + sum_lo;
     l_hi = l_hi * alpha_hi + sum_hi;
 #pragma unroll
@@ -413,15 +491,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
       o[j][2] *= alpha_hi;
       o[j][3] *= alpha_hi;
     }
+    pair_barrier(row_group);
 
-    // ---- O[:, half] += P V[:, half]; P comes straight from the S accumulators.
+    // ---- O[:, half] += P V[:, half] over all kBN keys
+    const __nv_bfloat16* p_warp = sP + (row_group * 16) * Cfg::kPRow;
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
       uint32_t a[4];
-      a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      ldmatrix_x4(a, p_warp + (lane % 16) * Cfg::kPRow + kk * 16 + (lane / 16) * 8);
 #pragma unroll
       for (int j = 0; j < kOTiles; j += 2) {
         uint32_t bfrag[4];
@@ -435,11 +512,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   }
   cp_async_wait<0>();
 
-  // ---- finish: row sums across the quad, normalise, write
+  // ---- finish: row sums across the quad and the pair, normalise, write
 #pragma unroll
   for (int o2 = 1; o2 < 4; o2 <<= 1) {
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o2);
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o2);
+  }
+  __syncthreads();  // the last tile's maxima are read; sRed is free
+  if (lane % 4 == 0) {
+    sRed[warp * 16 + lane / 4] = l_lo;
+    sRed[warp * 16 + lane / 4 + 8] = l_hi;
+  }
+  pair_barrier(row_group);
+  // Added in pair order (half 0 + half 1) in both warps, so both get bitwise the same sum.
+  {
+    const float other_lo = sRed[(warp ^ 1) * 16 + lane / 4], other_hi = sRed[(warp ^ 1) * 16 + lane / 4 + 8];
+    l_lo = half == 0 ? l_lo + other_lo : other_lo + l_lo;
+    l_hi = half == 0 ? l_hi + other_hi : other_hi + l_hi;
   }
   // A row that saw no key in this split (possible for a split of draft tokens only) has l == 0:
   // its partial is 0 with lse -inf, which the combine weighs as 0.

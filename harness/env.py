@@ -1,0 +1,116 @@
+"""Where a run happened: git state, GPU, software versions, kernel build (results.json's
+``git`` and ``environment``). One module, so parity, sweep and A/B runs record the same fields."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness import nvml
+from harness.timing import l2_bytes_of
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def git_info() -> dict[str, Any]:
+    """{sha, dirty, describe} of the checkout; dirty counts changes to tracked files only, so the
+    reports a run writes do not make the next run dirty.
+
+    A source copy without ``.git`` (a tarball, a CI artifact, a GPU box fed a copy of the tree)
+    can name its commit through ``VERIFY_ATTN_GIT_SHA`` and ``VERIFY_ATTN_GIT_DIRTY`` (0/1);
+    git's own answer wins where there is one, and the record says where the sha came from.
+    """
+    sha = _git("rev-parse", "HEAD")
+    if sha is not None:
+        status = _git("status", "--porcelain", "--untracked-files=no")
+        return {
+            "sha": sha,
+            "dirty": None if status is None else bool(status),
+            "describe": _git("describe", "--always", "--dirty"),
+            "source": "git",
+        }
+    env_sha = os.environ.get("VERIFY_ATTN_GIT_SHA") or None
+    env_dirty = os.environ.get("VERIFY_ATTN_GIT_DIRTY")
+    return {
+        "sha": env_sha,
+        "dirty": None if env_dirty is None else env_dirty not in ("0", "", "false"),
+        "describe": None,
+        "source": "env" if env_sha else None,
+    }
+
+
+def _build_flags(device: torch.device) -> dict[str, Any] | None:
+    """What the kernel extension says about its build (``build_info()``) and the archs and
+    flags it was compiled with, where the kernel package exposes them."""
+    if device.type != "cuda":
+        return None
+    try:
+        import kernel
+
+        flags: dict[str, Any] = {}
+        info = getattr(kernel.load_extension(), "build_info", None)
+        if info is not None:
+            value = info()
+            flags.update(value if isinstance(value, dict) else {"build_info": str(value)})
+        build = getattr(kernel, "build", None)
+        for name in ("target_archs", "cuda_flags"):
+            fn = getattr(build, name, None)
+            if callable(fn):
+                value = fn()
+                flags[name] = list(value) if isinstance(value, (tuple, list)) else value
+        return flags or None
+    except Exception as e:  # the kernel's own row says why it is unavailable; here it is context
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    gpu = None
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        snap, reason = nvml.snapshot(device)
+        gpu = {
+            "name": props.name,
+            "uuid": snap["uuid"] if snap else str(getattr(props, "uuid", "")),
+            "cc": f"{props.major}.{props.minor}",
+            "sms": props.multi_processor_count,
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "l2_bytes": l2_bytes_of(device),
+            "driver": snap["driver"] if snap else None,
+            "clocks": {k: snap[k] for k in snap if k.endswith("_mhz")} if snap else None,
+            "power_limit_w": snap["power_limit_w"] if snap else None,
+            "nvml": "" if snap else reason,
+        }
+    return {
+        "gpu": gpu,
+        "device": str(device),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": _version("triton"),
+        "sglang": _version("sglang"),
+        "build_flags": _build_flags(device),
+    }

@@ -1,0 +1,95 @@
+"""The exact reference: verify attention in float64, the naive way, one request at a time.
+
+For request b, query row (i, h) attends to every prefix key and to the draft keys that draft
+token i sees (itself and its ancestors); scores are ``sm_scale * q . k`` over all 576 dims, the
+value is the first 512 dims of each key row. The prefix is consumed in chunks of ``chunk`` keys,
+merged with the usual running (max, sum, weighted sum), so a 256k prefix needs a few hundred MB
+at most; everything stays on the batch's device (CPU or CUDA).
+
+    out [N, H, 512] float64, lse [N, H] float64 (natural log of the softmax denominator)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from harness import tree
+from harness.batch import QK_DIM, V_DIM, VerifyBatch
+
+
+def _check(batch: VerifyBatch) -> tuple[list[int], list[int]]:
+    qo = [int(x) for x in batch.qo_indptr.cpu()]
+    kv = [int(x) for x in batch.kv_indptr.cpu()]
+    if len(qo) != batch.batch_size + 1 or len(kv) != batch.batch_size + 1:
+        raise ValueError(
+            f"qo_indptr has {len(qo)} and kv_indptr {len(kv)} entries, expected B + 1 = {batch.batch_size + 1}"
+        )
+    if batch.q.dim() != 3 or batch.q.shape[2] != QK_DIM or qo[-1] != batch.q.shape[0]:
+        raise ValueError(
+            f"q has shape {tuple(batch.q.shape)}, expected [qo_indptr[-1] = {qo[-1]}, H, {QK_DIM}]"
+        )
+    for b, (p, parents) in enumerate(zip(batch.prefix_lens, batch.parents, strict=True)):
+        t = len(parents)
+        if qo[b + 1] - qo[b] != t:
+            raise ValueError(
+                f"request {b}: qo_indptr gives {qo[b + 1] - qo[b]} queries, its tree has {t} nodes"
+            )
+        if kv[b + 1] - kv[b] != p + t:
+            raise ValueError(
+                f"request {b}: kv_indptr gives {kv[b + 1] - kv[b]} keys, expected P + T = {p} + {t}"
+            )
+    return qo, kv
+
+
+def reference(
+    batch: VerifyBatch,
+    *,
+    chunk: int = 8192,
+    visibility: Sequence[torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [N, H, 512] float64, lse [N, H] float64) of ``batch`` on its device.
+
+    ``visibility`` overrides the draft mask with per-request [T_b, T_b] bool matrices (row i:
+    the draft tokens query i sees); by default it comes from ``batch.parents``.
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk = {chunk}; expected >= 1")
+    qo, kv = _check(batch)
+    device = batch.device
+    q = batch.q.to(torch.float64)
+    n, h = q.shape[0], q.shape[1]
+    out = torch.empty(n, h, V_DIM, dtype=torch.float64, device=device)
+    lse = torch.empty(n, h, dtype=torch.float64, device=device)
+    for b, (p, parents) in enumerate(zip(batch.prefix_lens, batch.parents, strict=True)):
+        t = len(parents)
+        qb = q[qo[b] : qo[b + 1]].reshape(t * h, QK_DIM)
+        slots = batch.kv_indices[kv[b] : kv[b + 1]].to(device=batch.kv_cache.device, dtype=torch.long)
+        if visibility is None:
+            vis = tree.visibility(parents, f"parents[{b}]")
+        else:
+            vis = visibility[b].to(torch.bool)
+            if vis.shape != (t, t):
+                raise ValueError(f"visibility[{b}] has shape {tuple(vis.shape)}, expected ({t}, {t})")
+        # Draft key j is hidden from row (i, h) unless vis[i, j]: same mask for every head.
+        draft_mask = vis.to(device).repeat_interleave(h, dim=0)  # [T*H, T]
+
+        row_max = torch.full((t * h,), -torch.inf, dtype=torch.float64, device=device)
+        row_sum = torch.zeros(t * h, dtype=torch.float64, device=device)
+        acc = torch.zeros(t * h, V_DIM, dtype=torch.float64, device=device)
+        blocks = [(s, min(s + chunk, p), None) for s in range(0, p, chunk)] + [(p, p + t, draft_mask)]
+        for start, stop, mask in blocks:
+            keys = batch.kv_cache[slots[start:stop]].to(device=device, dtype=torch.float64)
+            scores = (qb @ keys.T) * batch.sm_scale  # [T*H, keys]
+            if mask is not None:
+                scores = scores.masked_fill(~mask, -torch.inf)
+            new_max = torch.maximum(row_max, scores.max(dim=1).values)
+            rescale = torch.exp(row_max - new_max)
+            weights = torch.exp(scores - new_max[:, None])
+            row_sum = row_sum * rescale + weights.sum(dim=1)
+            acc = acc * rescale[:, None] + weights @ keys[:, :V_DIM]
+            row_max = new_max
+        out[qo[b] : qo[b + 1]] = (acc / row_sum[:, None]).view(t, h, V_DIM)
+        lse[qo[b] : qo[b + 1]] = (row_max + torch.log(row_sum)).view(t, h)
+    return out, lse

@@ -1,0 +1,758 @@
+"""One report for parity and sweep runs: ``results.json`` -> a self-contained ``index.html``.
+
+    python -m harness report PATH [PATH ...]    re-render index.html beside each results.json
+                                                (PATH: a results.json, a run folder, or a folder
+                                                of run folders)
+    python -m harness report --prune reports/   delete index.html of every run but the newest one
+                                                per GPU model and kind (results.json stays)
+
+The page (``harness/templates/report.html.j2``, jinja2) holds pandas tables and matplotlib plots
+embedded as base64 PNG, so it opens anywhere with no other file:
+
+* a summary, then warnings: error rows, throttled cases, unavailable implementations, notes;
+* sweep: per (heads, tree size) latency and % of the roofline floor against prefix length per
+  implementation, speedup bars of each implementation over each later one in the run's order,
+  a table of medians per case, and every row with its raw statistics and repro command;
+* parity: real implementations, then the controls: mutation controls (``mutant:<name>`` rows)
+  must fail on at least one bundle ("caught"), positive controls (``control:<name>``) must pass
+  on every bundle;
+* environment and the ceilings measured in the run.
+
+Only ``results.json`` is kept for older runs; their HTML is regenerated from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import io
+import math
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.results import Results, ResultsError, SweepRow, atomic_write_text, load_results, write_results
+
+TEMPLATE = "report.html.j2"
+# Parity rows of these prefixes are controls, not implementations: mutants must fail somewhere,
+# positive controls (e.g. the oracle rounded to bf16) must pass everywhere.
+MUTANT_PREFIX = "mutant:"
+CONTROL_PREFIX = "control:"
+# Beyond this many cases one bar per case no longer reads; bars become per-group summaries.
+MAX_CASE_BARS = 60
+FACETS_PER_FIGURE = 12
+FACET_COLS = 4
+PARAM_ORDER = ("num_heads", "tree_size", "batch_size", "layout", "tree", "prefix_len")
+PARAM_LABEL = {"batch_size": "B", "prefix_len": "P", "num_heads": "H", "tree_size": "T"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting
+
+
+def _num(value: Any, fmt: str = ".4g", suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return '<div class="num muted">-</div>'
+    return f'<div class="num">{format(value, fmt)}{suffix}</div>'
+
+
+def _text(value: Any, css: str = "") -> str:
+    cls = f' class="{css}"' if css else ""
+    return f"<span{cls}>{html.escape(str(value))}</span>"
+
+
+def _pill(text: str, css: str) -> str:
+    return f'<span class="pill {css}">{html.escape(text)}</span>'
+
+
+def _bool(value: bool | None) -> str:
+    if value is None:
+        return _text("-", "muted")
+    return _pill("yes", "good") if value else _pill("no", "bad")
+
+
+def _table(df: pd.DataFrame) -> str:
+    """A DataFrame of already-escaped HTML cells as a table."""
+    return df.to_html(index=False, escape=False, border=0, classes="data")
+
+
+def _short_prefix(p: int) -> str:
+    return f"{p // 1024}k" if p >= 1024 and p % 1024 == 0 else str(p)
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=fig.dpi)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks beyond the schema: the fields the page reads must have the types it reads
+
+
+def check_for_report(results: Results, source: str) -> None:
+    """Raise ResultsError naming ``source``, the row and the field when a row cannot be shown."""
+    for i, r in enumerate(results.sweep):
+        where = f"{source}: sweep[{i}] ({r.case_id} {r.impl} {r.mode})"
+        if not isinstance(r.samples_ms, list) or not all(_is_number(s) for s in r.samples_ms):
+            raise ResultsError(f"{where}: samples_ms must be a list of numbers, got {r.samples_ms!r:.80}")
+        for name in ("median_ms", "iqr_ms", "min_ms", "max_ms"):
+            if not _is_number(getattr(r, name)):
+                raise ResultsError(f"{where}: {name} must be a number, got {getattr(r, name)!r}")
+        if not isinstance(r.params, dict):
+            raise ResultsError(f"{where}: params must be an object, got {r.params!r}")
+        if not isinstance(r.speedup, dict):
+            raise ResultsError(f"{where}: speedup must be an object, got {r.speedup!r}")
+    for i, p in enumerate(results.parity):
+        if not isinstance(p.status, str):
+            raise ResultsError(
+                f"{source}: parity[{i}] ({p.bundle} {p.impl}): status must be a string, got {p.status!r}"
+            )
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def timed(row: SweepRow) -> bool:
+    """A row with samples to show: not an error row, and not a side that could not run."""
+    return row.status == "ok" and bool(row.samples_ms) and row.median_ms > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Sweep: frames, tables, plots
+
+
+def sweep_frame(results: Results) -> pd.DataFrame:
+    """One row per sweep row: its fields, its params as columns, and ``n`` (sample count)."""
+    records = []
+    for r in results.sweep:
+        rec = {
+            k: getattr(r, k) for k in ("case_id", "impl", "mode", "median_ms", "iqr_ms", "min_ms", "max_ms")
+        }
+        rec.update(
+            n=len(r.samples_ms),
+            floor_ms=r.floor_ms,
+            pct_of_floor=r.pct_of_floor,
+            bandwidth_gbs=r.bandwidth_gbs,
+            tflops=r.tflops,
+            throttled=r.throttled,
+            timed=timed(r),
+            note=r.note,
+            repro=r.repro,
+            cold_l2=r.cold_l2,
+        )
+        rec.update({k: v for k, v in r.params.items() if k not in rec})
+        records.append(rec)
+    return pd.DataFrame.from_records(records)
+
+
+def impl_order(results: Results) -> list[str]:
+    """Implementations in the order the run wrote them (the registry's order)."""
+    return list(dict.fromkeys(r.impl for r in results.sweep))
+
+
+def _case_sort_key(params: dict[str, Any]) -> tuple:
+    return tuple(
+        str(params.get(k, "")) if isinstance(params.get(k), str) else params.get(k, 0) for k in PARAM_ORDER
+    )
+
+
+def case_order(results: Results) -> list[str]:
+    """Case ids sorted by heads, tree size, batch, layout, tree kind, then prefix length."""
+    params = {r.case_id: r.params for r in results.sweep}
+    return sorted(params, key=lambda c: _case_sort_key(params[c]))
+
+
+def facet_keys(results: Results) -> list[str]:
+    """The params that split the plots into panels: heads and tree size, plus batch size,
+    layout and tree kind when they vary in the run (prefix length is the x axis)."""
+    keys = ["num_heads", "tree_size"]
+    for k in ("batch_size", "layout", "tree"):
+        if len({str(r.params.get(k)) for r in results.sweep}) > 1:
+            keys.append(k)
+    return keys
+
+
+def _facet_title(key: tuple, names: Sequence[str]) -> str:
+    return " ".join(
+        f"{PARAM_LABEL[n]}{v}" if n in PARAM_LABEL else str(v) for n, v in zip(names, key, strict=True)
+    )
+
+
+def _facets(df: pd.DataFrame, keys: list[str]) -> list[tuple[tuple, pd.DataFrame]]:
+    return [(k if isinstance(k, tuple) else (k,), g) for k, g in df.groupby(keys, sort=True)]
+
+
+def _figure(n_panels: int) -> tuple[Any, list[Any]]:
+    from matplotlib.figure import Figure
+
+    cols = min(FACET_COLS, n_panels)
+    rows = math.ceil(n_panels / cols)
+    fig = Figure(figsize=(3.6 * cols, 2.9 * rows + 0.5), dpi=90, layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).flatten().tolist()
+    for ax in axes[n_panels:]:
+        ax.set_visible(False)
+    return fig, axes[:n_panels]
+
+
+def _colors(impls: Sequence[str]) -> dict[str, Any]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    return {name: cmap(i % 10) for i, name in enumerate(impls)}
+
+
+def _prefix_axis(ax: Any, prefixes: Iterable[int]) -> None:
+    ticks = sorted({int(p) for p in prefixes if p > 0})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [_short_prefix(p) for p in ticks])
+    ax.minorticks_off()
+    ax.grid(True, which="major", alpha=0.3)
+    ax.set_xlabel("prefix length")
+
+
+def _log_axis(axis: Any, values: pd.Series) -> None:
+    """Log scale with plain numbers; within one decade the minor ticks are labelled too, since
+    no major tick may fall inside it."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    if axis.axis_name == "y":
+        axis.axes.set_yscale("log")
+    else:
+        axis.axes.set_xscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    axis.set_major_formatter(plain)
+    lo, hi = float(values.min()), float(values.max())
+    axis.set_minor_formatter(plain if lo > 0 and hi / lo < 10 else NullFormatter())
+
+
+def prefix_plots(
+    results: Results, value: str, ylabel: str, *, modes: Sequence[str], log_y: bool
+) -> list[str]:
+    """PNG figures (base64): ``value`` against prefix length per implementation (and mode),
+    one panel per facet, at most FACETS_PER_FIGURE panels per figure."""
+    df = sweep_frame(results)
+    df = df[df["timed"] & df["mode"].isin(modes) & df[value].notna() & (df["prefix_len"] > 0)]
+    if df.empty:
+        return []
+    impls = impl_order(results)
+    colors = _colors(impls)
+    keys = facet_keys(results)
+    facets = _facets(df, keys)
+    images = []
+    for start in range(0, len(facets), FACETS_PER_FIGURE):
+        chunk = facets[start : start + FACETS_PER_FIGURE]
+        fig, axes = _figure(len(chunk))
+        for ax, (key, g) in zip(axes, chunk, strict=True):
+            for impl in impls:
+                for mode in modes:
+                    line = g[(g["impl"] == impl) & (g["mode"] == mode)].sort_values("prefix_len")
+                    if line.empty:
+                        continue
+                    ax.plot(
+                        line["prefix_len"],
+                        line[value],
+                        marker="o",
+                        markersize=3.5,
+                        linestyle="-" if mode == modes[0] else "--",
+                        color=colors[impl],
+                        label=impl if len(modes) == 1 else f"{impl} ({mode})",
+                    )
+            _prefix_axis(ax, g["prefix_len"])
+            if log_y:
+                _log_axis(ax.yaxis, g[value])
+            ax.set_title(_facet_title(key, keys), fontsize=10)
+            ax.set_ylabel(ylabel)
+            ax.tick_params(labelsize=8)
+        handles, labels = {}, []
+        for ax in axes:
+            for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+                if lab not in handles:
+                    handles[lab] = h
+                    labels.append(lab)
+        fig.legend(
+            [handles[lab] for lab in labels],
+            labels,
+            loc="outside upper center",
+            ncols=min(len(labels), 4),
+            fontsize=9,
+        )
+        images.append(_png(fig))
+    return images
+
+
+def speedup_plots(results: Results, mode: str = "cold") -> list[dict[str, str]]:
+    """Per implementation X that is not first in the run's order: bars of the speedup of each
+    earlier implementation over X (median X / median other), per case or, for many cases, as the
+    geometric mean per facet with its min..max."""
+    impls = impl_order(results)
+    order = {c: i for i, c in enumerate(case_order(results))}
+    by_case = {(r.case_id, r.impl): r for r in results.sweep if r.mode == mode and timed(r)}
+    keys = facet_keys(results)
+    out = []
+    colors = _colors(impls)
+    for j, over in enumerate(impls):
+        pairs = {}
+        for impl in impls[:j]:
+            vals = {
+                cid: r.speedup[over]
+                for (cid, name), r in by_case.items()
+                if name == impl and over in r.speedup and (cid, over) in by_case
+            }
+            if vals:
+                pairs[impl] = vals
+        if not pairs:
+            continue
+        cases = sorted({c for v in pairs.values() for c in v}, key=order.__getitem__)
+        params = {r.case_id: r.params for r in results.sweep}
+        if len(cases) <= MAX_CASE_BARS:
+            labels = cases
+            series = {impl: [(v.get(c), None, None) for c in cases] for impl, v in pairs.items()}
+            caption = f"speedup over {over} per case ({mode}); > 1: faster than {over}"
+        else:
+            groups: dict[str, list[str]] = {}
+            for c in cases:
+                groups.setdefault(_facet_title(tuple(params[c].get(k) for k in keys), keys), []).append(c)
+            labels = list(groups)
+            series = {}
+            for impl, v in pairs.items():
+                series[impl] = []
+                for g in labels:
+                    xs = [v[c] for c in groups[g] if c in v]
+                    series[impl].append(
+                        (math.exp(sum(map(math.log, xs)) / len(xs)), min(xs), max(xs))
+                        if xs
+                        else (None, None, None)
+                    )
+            caption = (
+                f"speedup over {over} ({mode}), geometric mean over prefix lengths per group with min..max; "
+                f"> 1: faster than {over}"
+            )
+        out.append({"over": over, "caption": caption, "png": _bars(labels, series, colors, over)})
+    return out
+
+
+def _bars(labels: list[str], series: dict[str, list[tuple]], colors: dict[str, Any], over: str) -> str:
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
+
+    n, k = len(labels), len(series)
+    height = 0.8 / k
+    fig = Figure(figsize=(9.5, 0.9 + 0.26 * n * max(k, 1)), dpi=90, layout="constrained")
+    ax = fig.subplots()
+    for i, (impl, vals) in enumerate(series.items()):
+        ys = [y + (i - (k - 1) / 2) * height for y in range(n)]
+        mids = [v[0] if v[0] is not None else math.nan for v in vals]
+        # bars grow from 1x: right of the line is faster than `over`, left is slower
+        ax.barh(
+            ys,
+            [m - 1.0 for m in mids],
+            left=1.0,
+            height=height * 0.92,
+            color=colors[impl],
+            label=f"{impl} over {over}",
+        )
+        for y, (mid, lo, hi) in zip(ys, vals, strict=True):
+            if mid is None:
+                continue
+            if lo is not None:
+                ax.plot([lo, hi], [y, y], color="#333333", linewidth=1)
+            ax.annotate(
+                f"{mid:.3g}x",
+                (max(mid, hi or mid), y),
+                xytext=(3, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=7.5,
+            )
+    ax.axvline(1.0, color="#333333", linewidth=1)
+    finite = [x for vals in series.values() for v in vals for x in v if x is not None]
+    _log_axis(ax.xaxis, pd.Series(finite + [1.0]))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+    ax.set_yticks(range(n), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"speedup: median {over} / median of the implementation")
+    ax.grid(True, axis="x", which="major", alpha=0.3)
+    fig.legend(loc="outside upper left", fontsize=8, ncols=len(series))
+    ax.margins(x=0.12)
+    return _png(fig)
+
+
+def summary_table(results: Results, mode: str) -> str:
+    """Per case: each implementation's median (ms) over its % of floor, then the speedups of the
+    first implementation in the run's order over each of the others."""
+    impls = impl_order(results)
+    rows = {r.case_id: {} for r in results.sweep if r.mode == mode}
+    for r in results.sweep:
+        if r.mode == mode:
+            rows[r.case_id][r.impl] = r
+    if not rows:
+        return ""
+    records = []
+    for cid in [c for c in case_order(results) if c in rows]:
+        got = rows[cid]
+        rec = {"case": _text(cid, "mono")}
+        for impl in impls:
+            r = got.get(impl)
+            column = html.escape(impl)
+            if r is None:
+                rec[column] = _num(None)
+            elif not timed(r):
+                rec[column] = f'<div class="num">{_pill("error", "bad")}</div>'
+            else:
+                floor = "" if r.pct_of_floor is None else f"{r.pct_of_floor:.3g} % of floor"
+                flag = _pill("throttled", "warn") + " " if r.throttled else ""
+                rec[column] = (
+                    f'<div class="num">{flag}{r.median_ms:.4g} ms</div><div class="num small">{floor}</div>'
+                )
+        lead = got.get(impls[0])
+        for other in impls[1:]:
+            value = lead.speedup.get(other) if lead is not None and timed(lead) else None
+            rec[f"{html.escape(impls[0])}<br>over {html.escape(other)}"] = _num(value, ".3g", "x")
+        records.append(rec)
+    return _table(pd.DataFrame.from_records(records))
+
+
+def _nvml_change(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
+    """SM clock (MHz) and temperature (°C) from before the row to after it: ``1980→1755, 52→71``."""
+    if not before or not after:
+        return "-"
+    return "{}→{}, {}→{}".format(
+        before.get("sm_clock_mhz", "?"),
+        after.get("sm_clock_mhz", "?"),
+        before.get("temperature_c", "?"),
+        after.get("temperature_c", "?"),
+    )
+
+
+def rows_table(results: Results) -> str:
+    """Every sweep row: statistics, throughput, floor, cold-L2 method, NVML clocks and
+    temperature before -> after, note, repro command."""
+    df = sweep_frame(results)
+    if df.empty:
+        return ""
+    order = {c: i for i, c in enumerate(case_order(results))}
+    impls = {n: i for i, n in enumerate(impl_order(results))}
+    df = df.assign(_c=df["case_id"].map(order), _i=df["impl"].map(impls)).sort_values(["_c", "_i", "mode"])
+    rows = [results.sweep[i] for i in df.index]
+    out = pd.DataFrame(
+        {
+            "case": [_text(c, "mono") for c in df["case_id"]],
+            "implementation": [_text(i, "mono") for i in df["impl"]],
+            "mode": [_text(m) for m in df["mode"]],
+            "n": [_num(n, "d") for n in df["n"]],
+            "median ms": [
+                _num(v) if t else _pill("error", "bad")
+                for v, t in zip(df["median_ms"], df["timed"], strict=True)
+            ],
+            "IQR %": [
+                _num(100 * q / m if t else None, ".2g", " %")
+                for q, m, t in zip(df["iqr_ms"], df["median_ms"], df["timed"], strict=True)
+            ],
+            "min ms": [_num(v if t else None) for v, t in zip(df["min_ms"], df["timed"], strict=True)],
+            "max ms": [_num(v if t else None) for v, t in zip(df["max_ms"], df["timed"], strict=True)],
+            "GB/s": [_num(v, ".4g") for v in df["bandwidth_gbs"]],
+            "TFLOP/s": [_num(v, ".3g") for v in df["tflops"]],
+            "floor ms": [_num(v) for v in df["floor_ms"]],
+            "% floor": [_num(v, ".3g", " %") for v in df["pct_of_floor"]],
+            "cold L2": [_text(v or "-", "small nowrap") for v in df["cold_l2"]],
+            "SM MHz, °C": [_text(_nvml_change(r.nvml_before, r.nvml_after), "small nowrap") for r in rows],
+            "note": [
+                (_pill("throttled", "warn") + " " if t else "") + _text(n, "small")
+                for t, n in zip(df["throttled"], df["note"], strict=True)
+            ],
+            "repro": [f'<code class="nowrap">{html.escape(r)}</code>' for r in df["repro"]],
+        }
+    )
+    return _table(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parity
+
+
+def is_control(impl: str) -> bool:
+    return impl.startswith((MUTANT_PREFIX, CONTROL_PREFIX))
+
+
+def parity_tables(results: Results) -> dict[str, Any]:
+    """``real``: rows of real implementations; ``controls``: one row per control with the
+    bundles it failed and did not fail on; ``controls_broken``: the controls that did not behave
+    as expected (a mutant that never fails, a positive control that fails somewhere)."""
+    real = [p for p in results.parity if not is_control(p.impl)]
+    controls = [p for p in results.parity if is_control(p.impl)]
+    status_css = {"pass": "good", "fail": "bad", "error": "bad", "unavailable": "muted"}
+    out: dict[str, Any] = {"real": "", "controls": "", "controls_broken": []}
+    if real:
+        df = pd.DataFrame(
+            {
+                "bundle": [_text(p.bundle, "mono") for p in real],
+                "implementation": [_text(p.impl, "mono") for p in real],
+                "status": [_pill(p.status, status_css.get(p.status, "muted")) for p in real],
+                "max rel err": [_num(p.max_rel_err, ".2e") for p in real],
+                "min cosine": [_num(p.min_cosine, ".6f") for p in real],
+                "max lse err": [_num(p.max_lse_abs_err, ".2e") for p in real],
+                "tokens": [_bool(p.tokens_match) for p in real],
+                "path": [_bool(p.path_match) for p in real],
+                "rows": [_num(p.num_rows or None, "d") for p in real],
+                "worst row": [_text(p.worst_row or "-", "small nowrap") for p in real],
+                "time s": [_num(p.run_time_s, ".3g") for p in real],
+                "reason": [_text(p.reason, "small") for p in real],
+            }
+        )
+        out["real"] = _table(df)
+    if controls:
+        names = sorted(dict.fromkeys(p.impl for p in controls), key=lambda n: n.startswith(MUTANT_PREFIX))
+        records = []
+        for name in names:
+            rows = [p for p in controls if p.impl == name]
+            failed = [p.bundle for p in rows if p.status == "fail"]
+            other = [f"{p.bundle} ({p.status})" for p in rows if p.status != "fail"]
+            if name.startswith(MUTANT_PREFIX):
+                ok = bool(failed)
+                expected, result = "fail on at least one bundle", "caught" if ok else "NOT CAUGHT"
+            else:
+                ok = all(p.status == "pass" for p in rows)
+                expected, result = "pass on every bundle", "holds" if ok else "FAILED"
+            if not ok:
+                out["controls_broken"].append(name)
+            records.append(
+                {
+                    "control": _text(name, "mono"),
+                    "expected": _text(expected, "nowrap"),
+                    "result": _pill(result, "good" if ok else "bad"),
+                    "failed on": _text(", ".join(failed) or "-", "small"),
+                    "did not fail on": _text(", ".join(other) or "-", "small"),
+                }
+            )
+        out["controls"] = _table(pd.DataFrame.from_records(records))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment
+
+
+def _flatten(d: Any, prefix: str = "") -> list[tuple[str, str]]:
+    if isinstance(d, dict) and d:
+        out = []
+        for k, v in d.items():
+            out += _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+        return out
+    if isinstance(d, list):
+        return [(prefix, ", ".join(map(str, d)) or "-")]
+    return [(prefix, "-" if d is None or d == {} or d == "" else str(d))]
+
+
+def kv_table(d: dict[str, Any] | None) -> str:
+    if not d:
+        return ""
+    df = pd.DataFrame(
+        {
+            "field": [_text(k, "mono") for k, _ in _flatten(d)],
+            "value": [_text(v, "mono") for _, v in _flatten(d)],
+        }
+    )
+    return _table(df)
+
+
+def ceilings_table(ceilings: dict[str, Any] | None) -> str:
+    if not ceilings:
+        return ""
+    rows = [
+        ("copy bandwidth", _num(ceilings.get("copy_bandwidth_gbs"), ".4g", " GB/s")),
+        ("bf16 tensor peak", _num(ceilings.get("bf16_tflops"), ".4g", " TFLOP/s")),
+        ("method", _text(ceilings.get("method", "-"), "small")),
+    ]
+    return _table(pd.DataFrame({"ceiling": [_text(k) for k, _ in rows], "value": [v for _, v in rows]}))
+
+
+# ---------------------------------------------------------------------------------------------
+# The page
+
+
+def _title(results: Results) -> str:
+    gpu = (results.environment.get("gpu") or {}).get("name") or "CPU only"
+    return f"verify-attention {results.kind} on {gpu}"
+
+
+def _git_text(git: dict[str, Any]) -> str:
+    sha = git.get("sha")
+    if not sha:
+        return "not a git checkout"
+    return f"{str(sha)[:12]}{' (dirty)' if git.get('dirty') else ''}"
+
+
+def context(results: Results) -> dict[str, Any]:
+    """Everything the template shows, already formatted."""
+    from markupsafe import Markup
+
+    sweep = results.sweep
+    errors = [r for r in sweep if not timed(r)]
+    throttled = [r for r in sweep if r.throttled]
+    modes = list(dict.fromkeys(r.mode for r in sweep))
+    parity = parity_tables(results)
+    real_parity = [p for p in results.parity if not is_control(p.impl)]
+    summary = []
+    if sweep:
+        summary.append(
+            f"{len({r.case_id for r in sweep})} cases, {len(impl_order(results))} implementations, {len(sweep)} rows"
+        )
+    if real_parity:
+        counts: dict[str, int] = {}
+        for p in real_parity:
+            counts[p.status] = counts.get(p.status, 0) + 1
+        summary.append(", ".join(f"{n} {s}" for s, n in counts.items()))
+    controls = {p.impl for p in results.parity if is_control(p.impl)}
+    if controls:
+        summary.append(
+            f"controls: {len(controls) - len(parity['controls_broken'])} of {len(controls)} as expected"
+        )
+    return {
+        "title": _title(results),
+        "results": results,
+        "git": _git_text(results.git),
+        "summary": summary,
+        "errors": [
+            {"case": r.case_id, "impl": r.impl, "mode": r.mode, "why": r.note or "no samples"} for r in errors
+        ],
+        "throttled": [
+            {"case": r.case_id, "impl": r.impl, "mode": r.mode, "reasons": ", ".join(r.throttle_reasons)}
+            for r in throttled
+        ],
+        "parity_failures": [p for p in real_parity if p.status in ("fail", "error")],
+        "controls_broken": parity["controls_broken"],
+        "parity_real": Markup(parity["real"]),
+        "parity_controls": Markup(parity["controls"]),
+        "summary_tables": [
+            {"mode": m, "html": Markup(summary_table(results, m))} for m in modes if summary_table(results, m)
+        ],
+        "latency_plots": prefix_plots(results, "median_ms", "median ms", modes=modes, log_y=True)
+        if sweep
+        else [],
+        "floor_plots": prefix_plots(results, "pct_of_floor", "% of floor", modes=["cold"], log_y=False)
+        if sweep
+        else [],
+        "speedup_plots": speedup_plots(results) if sweep else [],
+        "rows_table": Markup(rows_table(results)),
+        "environment": Markup(kv_table(results.environment)),
+        "git_table": Markup(kv_table(results.git)),
+        "ceilings": Markup(ceilings_table(results.ceilings)),
+        "modes": modes,
+        "n_cases": len({r.case_id for r in sweep}),
+        # a long table would bury everything below it: open only when it is short
+        "summary_open": len({r.case_id for r in sweep}) <= MAX_CASE_BARS,
+    }
+
+
+def render_html(results: Results, source: str = "results.json") -> str:
+    """The report page for ``results`` (``source`` names the file in errors)."""
+    import jinja2
+
+    check_for_report(results, source)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    return env.get_template(TEMPLATE).render(**context(results))
+
+
+def write_run(results: Results, out_dir: Path) -> Path:
+    """Write ``results.json`` and ``index.html`` into ``out_dir`` atomically; returns out_dir.
+    The page is rendered first, so a results set that cannot be shown leaves no new files."""
+    out_dir = Path(out_dir)
+    page = render_html(results, str(out_dir / "results.json"))
+    write_results(results, out_dir / "results.json")
+    atomic_write_text(out_dir / "index.html", page)
+    return out_dir
+
+
+def rerender(path: Path) -> Path:
+    """Regenerate index.html beside a results.json (or in a run folder); returns the page's path."""
+    path = Path(path)
+    json_path = path / "results.json" if path.is_dir() else path
+    results = load_results(json_path)
+    page = json_path.parent / "index.html"
+    atomic_write_text(page, render_html(results, str(json_path)))
+    return page
+
+
+def _run_files(root: Path) -> list[Path]:
+    root = Path(root)
+    if root.is_file():
+        return [root]
+    if (root / "results.json").is_file():
+        return [root / "results.json"]
+    return sorted(root.rglob("results.json"))
+
+
+def prune(root: Path) -> tuple[list[Path], list[str]]:
+    """Delete index.html of every run under ``root`` but the newest per (GPU model, kind).
+
+    Returns (deleted pages, warnings about results files that could not be read; those are
+    left alone)."""
+    newest: dict[tuple[str, str], tuple[str, Path]] = {}
+    pages: list[tuple[tuple[str, str], Path]] = []
+    warnings = []
+    for json_path in _run_files(root):
+        try:
+            results = load_results(json_path)
+        except ResultsError as e:
+            warnings.append(str(e))
+            continue
+        key = ((results.environment.get("gpu") or {}).get("name") or "cpu", results.kind)
+        pages.append((key, json_path.parent / "index.html"))
+        if key not in newest or results.created_utc > newest[key][0]:
+            newest[key] = (results.created_utc, json_path.parent)
+    deleted = []
+    for key, page in pages:
+        if page.parent != newest[key][1] and page.is_file():
+            page.unlink()
+            deleted.append(page)
+    return deleted, warnings
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.prune:
+        deleted, warnings = prune(Path(args.prune))
+        for w in warnings:
+            print(f"warning: {w} (left alone)", file=sys.stderr)
+        for page in deleted:
+            print(f"deleted {page}")
+        print(f"{len(deleted)} page(s) deleted; the newest run per GPU model and kind keeps its index.html")
+        return 0
+    if not args.paths:
+        print("error: give a results.json or run folder to render, or --prune DIR", file=sys.stderr)
+        return 2
+    status = 0
+    for root in args.paths:
+        files = _run_files(Path(root))
+        if not files:
+            print(f"error: {root}: no results.json found", file=sys.stderr)
+            status = 2
+        for json_path in files:
+            try:
+                print(f"wrote {rerender(json_path)}")
+            except ResultsError as e:
+                print(f"error: {e}", file=sys.stderr)
+                status = 2
+    return status
+
+
+def register_cli(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report",
+        help="render index.html from results.json; --prune old pages",
+        description=__doc__.splitlines()[0].replace("``", ""),
+    )
+    p.add_argument("paths", nargs="*", help="results.json files, run folders, or folders of run folders")
+    p.add_argument(
+        "--prune", metavar="DIR", help="delete index.html of all but the newest run per GPU model and kind"
+    )
+    p.set_defaults(func=main)

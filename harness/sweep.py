@@ -1,0 +1,648 @@
+"""``python -m harness sweep``: time every available implementation over a grid of cases.
+
+    python -m harness sweep [--grid quick|default|full|PATH.toml] [--impls a,b] [--modes cold,graph]
+                            [--case-filter SUBSTR] [--out DIR] [--list] [--device cuda|cpu]
+
+Grids live in ``harness/grids/*.toml`` (or any TOML file with the same layout)::
+
+    description = "what this grid is for"
+    [timing]              # harness.timing.measure arguments for every group
+    warmup = 5
+    min_samples = 20
+    max_samples = 200
+    max_time_s = 2.0      # device time per case, implementation and mode
+    rel_ci = 0.01
+    [reference]
+    max_gflop = 10.0      # the reference implementation is timed only on cases up to this size
+    [[group]]             # every combination of the axes below is a case
+    name = "main"
+    batch_size = [1]
+    prefix_len = [4096, 65536]
+    num_heads = [8, 64]
+    tree_size = [16]
+    tree = ["eagle"]      # optional: chain | eagle | ddtree | random (default eagle)
+    layout = ["shuffled"] # optional: contiguous | shuffled (default shuffled)
+    impls = ["..."]       # optional: only these implementations time this group (default all)
+    modes = ["cold"]      # optional (default cold and graph)
+    [group.timing]        # optional overrides of [timing] for this group
+    max_samples = 10
+
+A case and implementation may appear in one group only. ``--case-filter`` keeps the cases whose
+id contains SUBSTR, or only the case whose id equals it. Every registered implementation that is
+available on the device runs, unless ``--impls`` or the group narrows the set; the reference
+implementation (``is_reference``) is skipped above ``max_gflop``, and the run's notes say where.
+
+Per case the batch is built once on the device; before timing, every implementation runs once and
+an output with NaN or Inf is recorded as an error row and never timed. Rows carry the raw samples
+(4 significant digits), statistics, bytes, FLOPs, the roofline floor, speedups over the other
+implementations of the same case and mode, NVML state before and after, and a repro command.
+The run holds the box's GPU lock throughout (:func:`harness.timing.exclusive_gpu`) and writes
+``reports/<UTC time>-sweep-<grid>-<gpu>-<sha7>/`` (results.json + index.html) unless ``--out``.
+
+Modes: ``cold`` times eager calls, ``graph`` CUDA-graph replays; both on a cold L2 (the method
+is in :mod:`harness.timing`). A progress bar shows the case, implementation and mode being timed
+and the time left. ``--device cpu`` runs the plumbing with the host clock (no graph mode, no
+ceilings, no NVML): for checking a grid or an implementation's wiring, not for numbers.
+
+Exit status: 0 when every row was timed, 1 when any row is an error, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import re
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness import nvml, registry
+from harness.cases import LAYOUTS, TREE_KINDS, CaseParams, build_batch
+from harness.env import environment, git_info
+from harness.registry import Implementation, RunFn
+from harness.results import Results, SweepRow
+from harness.roofline import Ceilings, measure_ceilings, throughput
+from harness.timing import MODES, exclusive_gpu, l2_bytes_of, measure, rotation_sets, round_sig
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+GRIDS_DIR = Path(__file__).parent / "grids"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+REPORTS_DIR = Path("reports")
+AXES = ("batch_size", "prefix_len", "num_heads", "tree_size", "tree", "layout")
+DEFAULT_AXES: dict[str, list[Any]] = {"tree": ["eagle"], "layout": ["shuffled"]}
+GROUP_KEYS = {"name", "impls", "modes", "timing", *AXES}
+TOP_KEYS = {"description", "timing", "reference", "group"}
+
+
+class GridError(ValueError):
+    """A grid file that cannot be used; the message names the file, the group and the key."""
+
+
+@dataclass(frozen=True)
+class TimingPolicy:
+    warmup: int = 5
+    min_samples: int = 20
+    max_samples: int = 200
+    max_time_s: float = 2.0
+    rel_ci: float = 0.01
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    cases: tuple[CaseParams, ...]
+    impls: tuple[str, ...] | None  # None: every available implementation
+    modes: tuple[str, ...]
+    timing: TimingPolicy
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    impl: str
+    modes: tuple[str, ...]
+    timing: TimingPolicy
+
+
+@dataclass(frozen=True)
+class PlannedCase:
+    params: CaseParams
+    runs: tuple[PlannedRun, ...]
+
+
+@dataclass(frozen=True)
+class Grid:
+    name: str
+    source: str
+    description: str
+    groups: tuple[Group, ...]
+    reference_max_gflop: float
+
+    def plan(
+        self,
+        impl_names: Sequence[str],
+        *,
+        case_filter: str = "",
+        modes: Sequence[str] = MODES,
+    ) -> list[PlannedCase]:
+        """Cases in grid order with, for each, the implementations (from ``impl_names``, in that
+        order) and modes that time it."""
+        by_case: dict[str, CaseParams] = {}
+        runs: dict[str, dict[str, tuple[str, PlannedRun]]] = {}
+        for group in self.groups:
+            # overlaps between groups that name implementations are errors on every box, also
+            # where those implementations are unavailable
+            names = group.impls if group.impls is not None else impl_names
+            group_modes = tuple(m for m in group.modes if m in modes)
+            for case in group.cases:
+                by_case.setdefault(case.case_id, case)
+                seen = runs.setdefault(case.case_id, {})
+                for name in names:
+                    if name in seen:
+                        raise GridError(
+                            f"{self.source}: case {case.case_id} with {name} is in groups {seen[name][0]!r} "
+                            f"and {group.name!r}; a case and implementation may appear in one group only"
+                        )
+                    seen[name] = (group.name, PlannedRun(name, group_modes, group.timing))
+        chosen = select_cases(list(by_case), case_filter)
+        order = {n: i for i, n in enumerate(impl_names)}
+        out = []
+        for cid in chosen:
+            case_runs = sorted(
+                (r for _, r in runs[cid].values() if r.modes and r.impl in order), key=lambda r: order[r.impl]
+            )
+            if case_runs:
+                out.append(PlannedCase(by_case[cid], tuple(case_runs)))
+        return out
+
+    def check_impls(self, known: Sequence[str]) -> None:
+        """Raise GridError when a group names an implementation that is not in ``known``."""
+        for group in self.groups:
+            unknown = sorted(set(group.impls or ()) - set(known))
+            if unknown:
+                raise GridError(
+                    f"{self.source}, group {group.name!r}: impls has unknown implementations {unknown}; "
+                    f"known: {', '.join(known)}"
+                )
+
+
+def registry_names() -> list[str]:
+    return [i.name for i in registry.implementations()]
+
+
+def select_cases(case_ids: Sequence[str], case_filter: str) -> list[str]:
+    """The ids equal to ``case_filter`` if there is one, else those containing it."""
+    if case_filter in case_ids:
+        return [case_filter]
+    return [c for c in case_ids if case_filter in c]
+
+
+def _int_list(source: str, where: str, key: str, value: Any) -> list[int]:
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        raise GridError(f"{source}, {where}: {key} must be a non-empty list of integers, got {value!r}")
+    return value
+
+
+def _str_list(source: str, where: str, key: str, value: Any, allowed: Sequence[str] | None) -> list[str]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise GridError(f"{source}, {where}: {key} must be a non-empty list of strings, got {value!r}")
+    bad = [v for v in value if allowed is not None and v not in allowed]
+    if bad:
+        raise GridError(f"{source}, {where}: {key} has {bad}; expected values among {', '.join(allowed)}")
+    return value
+
+
+def _timing(source: str, where: str, table: Any, base: TimingPolicy) -> TimingPolicy:
+    if not isinstance(table, dict):
+        raise GridError(f"{source}, {where}: timing must be a table, got {table!r}")
+    known = {f.name for f in fields(TimingPolicy)}
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise GridError(f"{source}, {where}: unknown timing keys {unknown}; expected among {sorted(known)}")
+    for key, value in table.items():
+        kind = int if key in ("warmup", "min_samples", "max_samples") else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kind) or value < 0:
+            raise GridError(f"{source}, {where}: timing.{key} must be a non-negative number, got {value!r}")
+    policy = replace(base, **table)
+    if not 1 <= policy.min_samples <= policy.max_samples or policy.max_time_s <= 0:
+        raise GridError(
+            f"{source}, {where}: timing needs 1 <= min_samples <= max_samples and max_time_s > 0, got {policy}"
+        )
+    return policy
+
+
+def parse_grid(text: str, *, name: str, source: str) -> Grid:
+    """A grid from TOML text; every error names ``source``, the group and the key."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise GridError(f"{source}: not valid TOML: {e}") from e
+    unknown = sorted(set(doc) - TOP_KEYS)
+    if unknown:
+        raise GridError(f"{source}: unknown top-level keys {unknown}; expected among {sorted(TOP_KEYS)}")
+    base = _timing(source, "[timing]", doc.get("timing", {}), TimingPolicy())
+    reference = doc.get("reference", {})
+    max_gflop = reference.get("max_gflop", math.inf) if isinstance(reference, dict) else reference
+    if isinstance(max_gflop, bool) or not isinstance(max_gflop, (int, float)) or max_gflop < 0:
+        raise GridError(f"{source}, [reference]: max_gflop must be a non-negative number, got {max_gflop!r}")
+    raw_groups = doc.get("group")
+    if not isinstance(raw_groups, list) or not raw_groups:
+        raise GridError(f"{source}: expected at least one [[group]] table, got {raw_groups!r}")
+    groups = []
+    for i, g in enumerate(raw_groups):
+        gname = g.get("name", f"#{i + 1}")
+        where = f"group {gname!r}"
+        unknown = sorted(set(g) - GROUP_KEYS)
+        if unknown:
+            raise GridError(f"{source}, {where}: unknown keys {unknown}; expected among {sorted(GROUP_KEYS)}")
+        missing = [a for a in AXES if a not in g and a not in DEFAULT_AXES]
+        if missing:
+            raise GridError(f"{source}, {where}: missing axes {missing}")
+        axes: dict[str, list[Any]] = {}
+        for axis in AXES:
+            value = g.get(axis, DEFAULT_AXES.get(axis))
+            if axis == "tree":
+                axes[axis] = _str_list(source, where, axis, value, TREE_KINDS)
+            elif axis == "layout":
+                axes[axis] = _str_list(source, where, axis, value, LAYOUTS)
+            else:
+                axes[axis] = _int_list(source, where, axis, value)
+        cases: dict[str, CaseParams] = {}
+        for combo in itertools.product(*axes.values()):
+            try:
+                case = CaseParams(**dict(zip(AXES, combo, strict=True)))
+            except ValueError as e:
+                raise GridError(f"{source}, {where}: {e}") from e
+            cases.setdefault(case.case_id, case)  # T1 trees of every kind are one case
+        impls = g.get("impls")
+        groups.append(
+            Group(
+                name=str(gname),
+                cases=tuple(cases.values()),
+                impls=None if impls is None else tuple(_str_list(source, where, "impls", impls, None)),
+                modes=tuple(_str_list(source, where, "modes", g.get("modes", list(MODES)), MODES)),
+                timing=_timing(source, where, g.get("timing", {}), base),
+            )
+        )
+    return Grid(
+        name=name,
+        source=source,
+        description=str(doc.get("description", "")),
+        groups=tuple(groups),
+        reference_max_gflop=float(max_gflop),
+    )
+
+
+def load_grid(grid: str) -> Grid:
+    """A grid by name (``harness/grids/<name>.toml``) or by path to a TOML file."""
+    path = Path(grid) if grid.endswith(".toml") else GRIDS_DIR / f"{grid}.toml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in GRIDS_DIR.glob("*.toml")))
+        raise GridError(f"--grid {grid}: no grid file {path}; expected a name among {known} or a .toml path")
+    return parse_grid(path.read_text(encoding="utf-8"), name=path.stem, source=str(path))
+
+
+def run_dir_name(grid: str, gpu_name: str | None, sha: str | None, now: datetime) -> str:
+    """``<UTC yyyymmddTHHMMSS>-sweep-<grid>-<gpu slug>-<sha7>``."""
+    slug = re.sub(r"[^a-z0-9]+", "-", (gpu_name or "cpu").lower()).strip("-")
+    return f"{now:%Y%m%dT%H%M%S}-sweep-{grid}-{slug}-{(sha or 'nogit')[:7]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing a grid
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    grid: Grid
+    grid_arg: str  # as given on the command line, for repro commands
+    impls: tuple[str, ...] | None  # --impls; None = all
+    modes: tuple[str, ...]
+    case_filter: str
+    device: torch.device
+
+
+def _repro(opts: SweepOptions, case_id: str, impl: str, mode: str) -> str:
+    return shlex.join(
+        ["python", "-m", "harness", "sweep", "--grid", opts.grid_arg, "--case-filter", case_id]
+        + ["--impls", impl, "--modes", mode]
+    )
+
+
+def _error_row(
+    opts: SweepOptions, case: CaseParams, impl: str, mode: str, nbytes: int, flops: int, why: str
+) -> SweepRow:
+    return SweepRow(
+        case_id=case.case_id,
+        impl=impl,
+        params=case.to_json(),
+        mode=mode,
+        samples_ms=[],
+        median_ms=0.0,
+        iqr_ms=0.0,
+        min_ms=0.0,
+        max_ms=0.0,
+        bytes=nbytes,
+        flops=flops,
+        status="error",
+        note=why,
+        repro=_repro(opts, case.case_id, impl, mode),
+    )
+
+
+def _non_finite(run_fn: RunFn) -> str:
+    """ "" when one call's outputs are all finite, else what is not."""
+    out, lse = run_fn()
+    bad = [
+        name
+        for name, t in (("out", out), ("lse", lse))
+        if t is not None and not bool(torch.isfinite(t).all())
+    ]
+    return f"{' and '.join(bad)} contain NaN or Inf; not timed" if bad else ""
+
+
+# What a row keeps of an NVML snapshot: what changes between cases. The board's name, UUID,
+# driver and maximum clocks are in the run's environment once, not in every row.
+ROW_NVML_FIELDS = ("sm_clock_mhz", "mem_clock_mhz", "temperature_c", "power_w", "throttle_reasons")
+
+
+def _row_nvml(snap: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if snap is None else {k: snap[k] for k in ROW_NVML_FIELDS}
+
+
+def throttle_flags(before: dict | None, after: dict | None) -> tuple[bool, list[str]]:
+    """(throttled, reasons): the reasons in either snapshot that may have lowered the clocks."""
+    reasons = []
+    for snap in (before, after):
+        for r in snap["throttle_reasons"] if snap else []:
+            if nvml.is_throttled([r]) and r not in reasons:
+                reasons.append(r)
+    return bool(reasons), reasons
+
+
+def _time_impl(
+    opts: SweepOptions,
+    case: CaseParams,
+    impl: Implementation,
+    run: PlannedRun,
+    batches: list,
+    ceilings: Ceilings | None,
+    progress: Any,
+) -> list[SweepRow]:
+    nbytes, flops = batches[0].min_bytes(), batches[0].flops()
+    try:
+        run_fns = [impl.prepare(b) for b in batches]
+        why = next((w for w in map(_non_finite, run_fns) if w), "")
+    except Exception as e:  # an implementation that cannot run this case is a row, not a crash
+        why = f"{type(e).__name__}: {e}"
+    if why:
+        progress.update(len(run.modes))
+        return [_error_row(opts, case, impl.name, m, nbytes, flops, why) for m in run.modes]
+    rows = []
+    for mode in run.modes:
+        progress.set_postfix_str(f"{case.case_id} {impl.name} {mode}", refresh=True)
+        before, _ = nvml.snapshot(opts.device)
+        try:
+            t = measure(
+                run_fns[0], mode=mode, rotate=run_fns[1:] or None, device=opts.device, **asdict(run.timing)
+            )
+        except Exception as e:
+            rows.append(_error_row(opts, case, impl.name, mode, nbytes, flops, f"{type(e).__name__}: {e}"))
+            progress.update(1)
+            continue
+        after, _ = nvml.snapshot(opts.device)
+        throttled, reasons = throttle_flags(before, after)
+        tp = throughput(nbytes, flops, t.median_ms, ceilings)
+        rows.append(
+            SweepRow(
+                case_id=case.case_id,
+                impl=impl.name,
+                params=case.to_json(),
+                mode=mode,
+                samples_ms=[round_sig(s) for s in t.samples_ms],
+                median_ms=round_sig(t.stats.median_ms),
+                iqr_ms=round_sig(t.stats.iqr_ms),
+                min_ms=round_sig(t.stats.min_ms),
+                max_ms=round_sig(t.stats.max_ms),
+                bytes=nbytes,
+                flops=flops,
+                floor_ms=None if tp.floor_ms is None else round_sig(tp.floor_ms),
+                pct_of_floor=None if tp.pct_of_floor is None else round_sig(tp.pct_of_floor),
+                bandwidth_gbs=round_sig(tp.bandwidth_gbs),
+                tflops=round_sig(tp.tflops),
+                nvml_before=_row_nvml(before),
+                nvml_after=_row_nvml(after),
+                throttled=throttled,
+                throttle_reasons=reasons,
+                note=t.note,
+                repro=_repro(opts, case.case_id, impl.name, mode),
+                cold_l2=t.cold_l2,
+            )
+        )
+        progress.update(1)
+    return rows
+
+
+def with_speedups(rows: list[SweepRow]) -> list[SweepRow]:
+    """Each timed row with ``speedup[other] = median(other) / median(row)`` over the other timed
+    implementations of the same case and mode (> 1: this row is faster)."""
+    timed = [r for r in rows if r.status == "ok"]
+    out = []
+    for r in rows:
+        if r.status != "ok":
+            out.append(r)
+            continue
+        others = [o for o in timed if (o.case_id, o.mode) == (r.case_id, r.mode) and o.impl != r.impl]
+        out.append(replace(r, speedup={o.impl: round_sig(o.median_ms / r.median_ms) for o in others}))
+    return out
+
+
+class _LineProgress:
+    """What the sweep needs of a tqdm bar, as one stderr line per finished unit, for boxes
+    without tqdm: done/total, the unit just started, and the time left at the rate so far."""
+
+    def __init__(self, total: int, desc: str) -> None:
+        self.total, self.desc, self.done, self.what = total, desc, 0, ""
+        self.start = time.monotonic()
+
+    def __enter__(self) -> _LineProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        print(
+            f"{self.desc}: {self.done}/{self.total} done in {time.monotonic() - self.start:.0f} s",
+            file=sys.stderr,
+        )
+
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        self.what = text
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        elapsed = time.monotonic() - self.start
+        left = elapsed / self.done * (self.total - self.done) if self.done else 0.0
+        print(f"{self.desc}: {self.done}/{self.total} {self.what}, ~{left:.0f} s left", file=sys.stderr)
+
+
+def _progress(total: int, desc: str) -> Any:
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _LineProgress(total, desc)
+    return tqdm(total=total, unit="run", desc=desc, dynamic_ncols=True)
+
+
+def run_sweep(opts: SweepOptions, command: str) -> Results:
+    """Time the planned cases; returns the run's Results (not yet written)."""
+    device = opts.device
+    notes: list[str] = []
+    if opts.grid.description:
+        notes.append(f"grid {opts.grid.name}: {opts.grid.description}")
+    available: list[Implementation] = []
+    unavailable: list[dict[str, str]] = []
+    for impl in registry.implementations():
+        if opts.impls is not None and impl.name not in opts.impls:
+            continue
+        ok, reason = impl.availability(device)
+        (available if ok else unavailable).append(impl if ok else {"impl": impl.name, "reason": reason})
+    impls = {i.name: i for i in available}
+    plan = opts.grid.plan(list(impls), case_filter=opts.case_filter, modes=opts.modes)
+    modes = [m for m in opts.modes if device.type == "cuda" or m != "graph"]
+    if len(modes) < len(opts.modes):
+        notes.append("graph mode needs a CUDA device; only cold mode was timed")
+    plan = [
+        PlannedCase(
+            c.params, tuple(replace(r, modes=tuple(m for m in r.modes if m in modes)) for r in c.runs)
+        )
+        for c in plan
+    ]
+
+    env = environment(device)
+    snap, reason = nvml.snapshot(device)
+    if snap is None:
+        notes.append(f"no NVML state recorded: {reason}")
+    ceilings = None
+    if device.type == "cuda":
+        ceilings = measure_ceilings(device)
+    else:
+        notes.append(f"ceilings are measured on CUDA devices only; no floor on {device}")
+
+    rows: list[SweepRow] = []
+    skipped_reference: dict[str, list[str]] = {}
+    l2 = l2_bytes_of(device)
+    total = sum(len(r.modes) for c in plan for r in c.runs)
+    with _progress(total, f"sweep {opts.grid.name}") as progress:
+        for case in plan:
+            batches = [build_batch(case.params, device)]
+            sets = rotation_sets(batches[0].min_bytes(), l2) if device.type == "cuda" else 0
+            batches += [build_batch(case.params, device, input_set=k) for k in range(1, sets)]
+            gflop = batches[0].flops() / 1e9
+            for run in case.runs:
+                impl = impls[run.impl]
+                if impl.is_reference and gflop > opts.grid.reference_max_gflop:
+                    skipped_reference.setdefault(impl.name, []).append(case.params.case_id)
+                    progress.update(len(run.modes))
+                    continue
+                rows += _time_impl(opts, case.params, impl, run, batches, ceilings, progress)
+            del batches
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    for name, ids in skipped_reference.items():
+        notes.append(
+            f"{name} (the float64 reference) was not timed on {len(ids)} case(s) above "
+            f"{opts.grid.reference_max_gflop:g} GFLOP, where it is slow: {', '.join(ids)}"
+        )
+    return Results(
+        kind="sweep",
+        created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        command=command,
+        git=git_info(),
+        environment=env,
+        ceilings=None if ceilings is None else ceilings.to_json(),
+        sweep=with_speedups(rows),
+        unavailable=unavailable,
+        notes=notes,
+    )
+
+
+def _csv(value: str | None, allowed: Sequence[str] | None, option: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    items = tuple(v.strip() for v in value.split(",") if v.strip())
+    bad = [v for v in items if allowed is not None and v not in allowed]
+    if not items or bad:
+        raise GridError(
+            f"{option} {value!r}: expected a comma-separated list among {', '.join(allowed or [])}"
+        )
+    return items
+
+
+def main(args: argparse.Namespace) -> int:
+    from harness.report import write_run
+
+    try:
+        grid = load_grid(args.grid)
+        grid.check_impls(registry_names())
+        impls = _csv(args.impls, registry_names(), "--impls")
+        modes = _csv(args.modes, MODES, "--modes") or MODES
+    except GridError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
+    opts = SweepOptions(grid, args.grid, impls, modes, args.case_filter, device)
+    if args.list:
+        names = [n for n in registry_names() if impls is None or n in impls]
+        for case in grid.plan(names, case_filter=args.case_filter, modes=modes):
+            runs = ", ".join(f"{r.impl} ({'/'.join(r.modes)})" for r in case.runs)
+            print(f"{case.params.case_id}: {runs}")
+        return 0
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(
+            "error: --device cuda: no CUDA device is visible to torch (use --device cpu to check plumbing)",
+            file=sys.stderr,
+        )
+        return 2
+    command = shlex.join(["python", "-m", "harness", "sweep", *_command_args(args)])
+    with exclusive_gpu():
+        results = run_sweep(opts, command)
+    gpu = results.environment.get("gpu") or {}
+    out_dir = (
+        Path(args.out)
+        if args.out
+        else REPORTS_DIR
+        / run_dir_name(grid.name, gpu.get("name"), results.git.get("sha"), datetime.now(timezone.utc))
+    )
+    write_run(results, out_dir)
+    errors = [r for r in results.sweep if r.status != "ok"]
+    print(f"{len(results.sweep)} rows, {len(errors)} errors -> {out_dir / 'index.html'}")
+    for r in errors:
+        print(f"  error {r.case_id} {r.impl} {r.mode}: {r.note}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+def register_cli(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sweep",
+        help="time every available implementation over a grid of cases",
+        description=__doc__.splitlines()[0].replace("``", ""),
+    )
+    p.add_argument("--grid", default="default", help="quick | default | full | PATH.toml (default: default)")
+    p.add_argument("--impls", help="comma-separated implementation names (default: all available)")
+    p.add_argument("--modes", help="comma-separated among cold,graph (default: both)")
+    p.add_argument("--case-filter", default="", help="keep cases whose id contains this (or equals it)")
+    p.add_argument("--out", help="output folder (default: reports/<UTC time>-sweep-<grid>-<gpu>-<sha7>)")
+    p.add_argument(
+        "--device", default="cuda", help="cuda (default) or cpu (plumbing checks only, host clock)"
+    )
+    p.add_argument("--list", action="store_true", help="print the planned cases and exit")
+    p.set_defaults(func=main)
+
+
+def _command_args(args: argparse.Namespace) -> list[str]:
+    """The options of this run as a command line (recorded in results.json; compare reads --grid)."""
+    out = ["--grid", args.grid]
+    for option, value in (
+        ("--impls", args.impls),
+        ("--modes", args.modes),
+        ("--case-filter", args.case_filter),
+    ):
+        if value:
+            out += [option, value]
+    if args.device != "cuda":
+        out += ["--device", args.device]
+    return out

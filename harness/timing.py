@@ -1,0 +1,379 @@
+"""Timing one implementation on one case: how a sample is taken and how many are taken.
+
+Method (DESIGN.md section 5)
+----------------------------
+* Clock. On a CUDA device every sample is one call bracketed by two ``torch.cuda.Event``
+  records on the current stream; the sample is the event-to-event time. On the CPU (used only
+  to test the sweep's plumbing) the clock is ``time.perf_counter``, which is exact there
+  because CPU ops finish before they return.
+* Warm-up. ``warmup`` untimed calls first (JIT builds, Triton autotuning, lazy allocations,
+  clocks ramping up), then a pilot of three samples estimates the time per call.
+* Device time, not launch latency. Before each sample a spin kernel (``torch.cuda._sleep``),
+  sized from the host time of one call measured during warm-up, keeps the GPU busy while the
+  host enqueues the call, so the events bracket device work and never an idle GPU waiting for
+  Python. Host work inside a call that synchronises (which a graph capture would reject) is
+  still counted.
+* Cold L2 (the default). Before every sample and outside the events, either
+  - flush: zero a buffer of 2x the L2 size (``L2_cache_size`` of the device; 60 MB on an
+    H200, so 120 MB) and then read it back. Writing evicts everything; reading back leaves
+    clean lines, so the timed call neither finds its data in L2 nor pays the write-back of
+    the flush; or
+  - rotate: cycle through several prepared input sets (``rotate``), so that between two uses
+    of one set the others have touched more than 2x L2. The sweep rotates while all sets
+    together stay under ~5x L2 (:func:`rotation_sets`) and flushes above that.
+* Graph mode. The call is captured once in a ``torch.cuda.CUDAGraph`` (after warm-up on a
+  side stream, as capture requires) and each sample times one replay, with the same cold-L2
+  handling. It is the launch-overhead-free column of the report and proves the call is
+  capturable.
+* How many samples. At least ``min_samples`` (a median and quartiles that mean something),
+  then more in chunks until the 95 % confidence interval of the median is within ``rel_ci``
+  of it, ``max_samples`` is reached, or the samples would exceed ``max_time_s`` of device
+  time. A slow implementation (tens of milliseconds per call) thus gets fewer samples than
+  ``min_samples``, never fewer than three, and the timing's ``note`` says so.
+* Statistics. Median, quartiles (linear interpolation, as ``numpy.percentile``), IQR, min and
+  max of the raw samples, which are all kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+
+MODES = ("cold", "graph")
+PILOT_SAMPLES = 3
+MIN_SLOW_SAMPLES = 3
+CHUNK_SAMPLES = 25
+# L2 size assumed where the device does not report one (the H200's, the largest we target).
+DEFAULT_L2_BYTES = 60 * 1024 * 1024
+# On the CPU (plumbing tests only) a last-level cache of this size is assumed: flushing
+# 2x the GPU's L2 there would make every sample cost tens of milliseconds.
+CPU_CACHE_BYTES = 16 * 1024 * 1024
+FLUSH_FACTOR = 2.0
+ROTATE_MAX_FACTOR = 5.0
+# A spin never needs to cover more than a call's host time; a call that synchronises inside
+# would otherwise make every sample wait this long for nothing.
+MAX_SPIN_MS = 2.0
+
+Call = Callable[[], object]
+# One lock per box, beside other processes' temp files, so every checkout on the box shares it.
+GPU_LOCK_PATH = Path(tempfile.gettempdir()) / "verify-attention-gpu.lock"
+
+
+@dataclass(frozen=True)
+class Stats:
+    n: int
+    median_ms: float
+    q1_ms: float
+    q3_ms: float
+    iqr_ms: float
+    min_ms: float
+    max_ms: float
+
+
+@dataclass(frozen=True)
+class Timing:
+    mode: str  # "cold" | "graph"
+    samples_ms: list[float]
+    stats: Stats
+    cold_l2: str  # how L2 was made cold: "flush 120 MB", "rotate 7 input sets", "none (cpu)"
+    note: str  # "" or why there are fewer samples than asked for
+
+    @property
+    def median_ms(self) -> float:
+        return self.stats.median_ms
+
+
+def quantile(sorted_samples: Sequence[float], q: float) -> float:
+    """The q-quantile (0 <= q <= 1) of sorted samples, linear interpolation between ranks."""
+    if not sorted_samples:
+        raise ValueError("quantile: expected at least one sample, got none")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile: q must be in [0, 1], got {q}")
+    pos = q * (len(sorted_samples) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_samples) - 1)
+    return sorted_samples[lo] + (sorted_samples[hi] - sorted_samples[lo]) * (pos - lo)
+
+
+def summarize(samples_ms: Sequence[float]) -> Stats:
+    """Median, quartiles, IQR, min and max of raw samples (milliseconds)."""
+    if not samples_ms:
+        raise ValueError("summarize: samples_ms is empty; a timing needs at least one sample")
+    s = sorted(float(x) for x in samples_ms)
+    q1, q3 = quantile(s, 0.25), quantile(s, 0.75)
+    return Stats(
+        n=len(s),
+        median_ms=statistics.median(s),
+        q1_ms=q1,
+        q3_ms=q3,
+        iqr_ms=q3 - q1,
+        min_ms=s[0],
+        max_ms=s[-1],
+    )
+
+
+def median_ci(samples_ms: Sequence[float], z: float = 1.96) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median from order statistics.
+
+    The number of samples below the median is Binomial(n, 1/2); its normal approximation gives
+    the ranks ``n/2 -+ z*sqrt(n)/2``. Below 6 samples no such interval exists and the range
+    (min, max) is returned.
+    """
+    s = sorted(samples_ms)
+    n = len(s)
+    if n == 0:
+        raise ValueError("median_ci: samples_ms is empty")
+    if n < 6:
+        return s[0], s[-1]
+    half = z * math.sqrt(n) / 2.0
+    lo = max(math.floor(n / 2.0 - half), 0)
+    hi = min(math.ceil(n / 2.0 + half), n - 1)
+    return s[lo], s[hi]
+
+
+def is_stable(samples_ms: Sequence[float], rel_ci: float) -> bool:
+    """True when the median's 95 % interval lies within +-rel_ci of the median."""
+    lo, hi = median_ci(samples_ms)
+    med = statistics.median(samples_ms)
+    return med > 0 and (hi - lo) / 2.0 <= rel_ci * med
+
+
+def sample_budget(est_ms: float, *, min_samples: int, max_samples: int, max_time_s: float) -> tuple[int, str]:
+    """How many samples fit in ``max_time_s`` at ``est_ms`` per call, and a note when too few.
+
+    Returns (n, note): n is in [min(3, max_samples), max_samples]; note is "" unless n is below
+    ``min_samples`` because the implementation is slow.
+    """
+    if est_ms <= 0 or not math.isfinite(est_ms):
+        raise ValueError(f"sample_budget: est_ms must be a positive time, got {est_ms}")
+    fit = math.floor(max_time_s * 1000.0 / est_ms)
+    n = max(min(fit, max_samples), min(MIN_SLOW_SAMPLES, max_samples))
+    if n >= min_samples:
+        return n, ""
+    return n, (
+        f"fewer samples ({n} < {min_samples}): slow implementation, ~{est_ms:.3g} ms per call "
+        f"within the {max_time_s:g} s budget per case"
+    )
+
+
+def rotation_sets(working_set_bytes: int, l2_bytes: int) -> int:
+    """Input sets to rotate for a cold L2, or 0 when flushing is the way (sets would not fit).
+
+    Between two uses of one set the other ``n - 1`` sets must touch at least 2x L2; all ``n``
+    sets together must stay under ~5x L2 of device memory.
+    """
+    if working_set_bytes <= 0:
+        raise ValueError(f"rotation_sets: working_set_bytes must be positive, got {working_set_bytes}")
+    n = math.ceil(FLUSH_FACTOR * l2_bytes / working_set_bytes) + 1
+    return n if n * working_set_bytes <= ROTATE_MAX_FACTOR * l2_bytes else 0
+
+
+def round_sig(x: float, digits: int = 4) -> float:
+    """``x`` rounded to ``digits`` significant digits (keeps results.json small)."""
+    if x == 0 or not math.isfinite(x):
+        return x
+    return round(x, digits - 1 - math.floor(math.log10(abs(x))))
+
+
+def l2_bytes_of(device: torch.device) -> int:
+    """The device's L2 size in bytes (from its properties when torch exposes them)."""
+    if device.type != "cuda":
+        return CPU_CACHE_BYTES
+    size = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
+    return int(size) if size else DEFAULT_L2_BYTES
+
+
+class L2Flush:
+    """A call that evicts the cache: zero ``nbytes`` on ``device``, then read them back.
+
+    Writing evicts everything; reading back leaves clean lines, so the next timed call neither
+    finds its data in L2 nor pays the write-back of the flush. Enqueued asynchronously.
+    """
+
+    def __init__(self, device: torch.device | str, nbytes: int) -> None:
+        if nbytes <= 0:
+            raise ValueError(f"L2Flush: nbytes must be positive, got {nbytes}")
+        self.buf = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+        self.sink = torch.empty((), dtype=torch.float32, device=device)
+
+    def __call__(self) -> None:
+        self.buf.zero_()
+        torch.sum(self.buf, dim=0, out=self.sink)
+
+
+class _Sampler:
+    """Takes samples of a list of calls (one per input set), cycling through them."""
+
+    def __init__(self, calls: list[Call], device: torch.device, flush_bytes: int) -> None:
+        self.calls = calls
+        self.device = device
+        self.next = 0
+        self.spin_cycles = 0
+        self.flush = L2Flush(device, flush_bytes) if flush_bytes > 0 else None
+
+    def _flush(self) -> None:
+        if self.flush is not None:
+            self.flush()
+
+    def _call(self) -> Call:
+        call = self.calls[self.next % len(self.calls)]
+        self.next += 1
+        return call
+
+    def untimed(self) -> float:
+        """One call without timing; returns its host time in ms (the enqueue cost on a GPU)."""
+        self._flush()
+        t0 = time.perf_counter()
+        self._call()()
+        return (time.perf_counter() - t0) * 1000.0
+
+    def samples(self, count: int) -> list[float]:
+        if self.device.type != "cuda":
+            out = []
+            for _ in range(count):
+                self._flush()
+                call = self._call()
+                t0 = time.perf_counter()
+                call()
+                out.append((time.perf_counter() - t0) * 1000.0)
+            return out
+        events = []
+        for _ in range(count):
+            if self.spin_cycles:
+                torch.cuda._sleep(self.spin_cycles)
+            self._flush()
+            call = self._call()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            call()
+            end.record()
+            events.append((start, end))
+        torch.cuda.synchronize(self.device)
+        return [s.elapsed_time(e) for s, e in events]
+
+
+@cache
+def _spin_cycles_per_ms(device_index: int) -> float:
+    """Clock cycles of ``torch.cuda._sleep`` per millisecond on this device (calibrated once)."""
+    with torch.cuda.device(device_index):
+        torch.cuda._sleep(1_000_000)  # first use loads the kernel
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(10_000_000)
+        end.record()
+        end.synchronize()
+        return 10_000_000 / start.elapsed_time(end)
+
+
+def _capture(fn: Call, device: torch.device, warmup: int) -> Call:
+    """``fn`` captured in a CUDA graph; returns a call that replays it."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(max(warmup, 1)):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def measure(
+    run_fn: Call,
+    *,
+    mode: str = "cold",
+    warmup: int = 5,
+    min_samples: int = 20,
+    max_samples: int = 200,
+    max_time_s: float = 2.0,
+    rel_ci: float = 0.01,
+    l2_bytes: int | None = None,
+    rotate: Sequence[Call] | None = None,
+    device: torch.device | str = "cuda",
+) -> Timing:
+    """Time ``run_fn`` as the module docstring describes and return the raw samples and stats.
+
+    ``rotate``: further calls of the same operation on other input sets; when given, samples
+    cycle through ``[run_fn, *rotate]`` and L2 is not flushed. ``l2_bytes`` overrides the
+    device's L2 size for the flush.
+    """
+    device = torch.device(device)
+    if mode not in MODES:
+        raise ValueError(f"measure: mode must be one of {MODES}, got {mode!r}")
+    if mode == "graph" and device.type != "cuda":
+        raise ValueError(f"measure: mode 'graph' needs a CUDA device, got {device}")
+    if not 1 <= min_samples <= max_samples:
+        raise ValueError(
+            f"measure: need 1 <= min_samples <= max_samples, got min_samples={min_samples}, "
+            f"max_samples={max_samples}"
+        )
+    if max_time_s <= 0:
+        raise ValueError(f"measure: max_time_s must be positive, got {max_time_s}")
+    calls = [run_fn, *(rotate or [])]
+    if rotate:
+        flush_bytes = 0
+        cold_l2 = f"rotate {len(calls)} input sets"
+    else:
+        flush_bytes = int(FLUSH_FACTOR * (l2_bytes or l2_bytes_of(device)))
+        cold_l2 = f"flush {flush_bytes / 1e6:.0f} MB" + ("" if device.type == "cuda" else " (host cache)")
+    if mode == "graph":
+        calls = [_capture(c, device, warmup) for c in calls]
+    sampler = _Sampler(calls, device, flush_bytes)
+
+    # every input set is touched at least once before timing (first-use allocations)
+    host_ms = [sampler.untimed() for _ in range(max(warmup, len(calls), 1))]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        spin_ms = min(statistics.median(host_ms), MAX_SPIN_MS)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        sampler.spin_cycles = int(spin_ms * _spin_cycles_per_ms(index))
+
+    samples = sampler.samples(min(PILOT_SAMPLES, max_samples))
+    # a call below the clock's resolution reads as 0 ms: it is fast, not free
+    est_ms = max(statistics.median(samples), 1e-6)
+    budget, note = sample_budget(
+        est_ms, min_samples=min_samples, max_samples=max_samples, max_time_s=max_time_s
+    )
+    while len(samples) < budget:
+        if len(samples) >= min_samples and is_stable(samples, rel_ci):
+            break
+        want = min_samples - len(samples) if len(samples) < min_samples else CHUNK_SAMPLES
+        samples += sampler.samples(min(want, budget - len(samples)))
+    return Timing(mode=mode, samples_ms=samples, stats=summarize(samples), cold_l2=cold_l2, note=note)
+
+
+@contextlib.contextmanager
+def exclusive_gpu(path: Path = GPU_LOCK_PATH) -> Iterator[None]:
+    """Hold an exclusive ``fcntl`` lock on ``path`` while timing: two timed runs on one box
+    would share the GPU and slow each other down. Waits (saying so) while another holds it."""
+    with open(path, "a+", encoding="utf-8") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            print(f"waiting for the GPU lock {path} held by {holder}", file=sys.stderr)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            f.seek(0)
+            f.truncate()
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -1,0 +1,259 @@
+"""The six canonical bundles: size, shapes, reproducibility, goldens, and data that shows bugs."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from collections.abc import Callable
+from itertools import pairwise
+
+import numpy as np
+import pytest
+import torch
+
+from harness import bundles, readout, tree
+from harness.batch import V_DIM, VerifyBatch
+from harness.oracle import reference
+from harness.parity import REL_TOL
+
+SMALL = ["smoke", "ddtree", "ragged"]
+LARGE = ["kimi-k2-tp8", "two-long", "deepseek-v3-200k"]
+REPO = bundles.BUNDLES_DIR.parent
+
+# (prefix lens, tree sizes, heads) of DESIGN.md section 3
+SPEC = {
+    "smoke": ([1000], [4], 8),
+    "ddtree": ([4093], [16], 16),
+    "ragged": ([0, 1, 777, 8192, 30001], [1, 4, 16, 33, 64], 8),
+    "kimi-k2-tp8": ([65536], [16], 8),
+    "two-long": ([131072, 100003], [33, 16], 64),
+    "deepseek-v3-200k": ([200000], [64], 16),
+}
+Loader = Callable[[str], bundles.Bundle]
+
+
+def test_fixture_sizes_fit_the_budget() -> None:
+    sizes = {name: bundles.bundle_path(name).stat().st_size for name in bundles.CANONICAL}
+    assert max(sizes.values()) <= 16 * 10**6, sizes
+    assert sum(sizes.values()) <= 24 * 10**6, sizes
+
+
+@pytest.mark.parametrize("name", list(bundles.CANONICAL))
+def test_bundle_has_the_designed_shapes(name: str, bundle: Loader) -> None:
+    b = bundle(name)
+    prefix_lens, sizes, heads = SPEC[name]
+    assert list(b.prefix_lens) == prefix_lens
+    assert list(b.num_draft) == sizes
+    assert b.num_heads == heads and b.q.shape == (sum(sizes), heads, 576)
+    assert b.sm_scale == 1 / math.sqrt(192)
+    assert b.certified_margin > readout.KAPPA
+
+
+def test_smoke_tree_is_a_chain(bundle: Loader) -> None:
+    assert bundle("smoke").parents == (tree.chain(4),)
+
+
+@pytest.mark.parametrize("name", list(bundles.CANONICAL))
+def test_kv_indices_scatter_over_a_larger_pool(name: str, bundle: Loader) -> None:
+    b = bundle(name)
+    k = b.kv_indices.numel()
+    assert b.pool_slots == math.ceil(1.25 * k) + 17
+    assert torch.unique(b.kv_indices).numel() == k
+    steps = b.kv_indices[1:].long() - b.kv_indices[:-1].long()
+    assert (steps == 1).float().mean() < 0.01  # not a contiguous layout
+
+
+@pytest.mark.parametrize("name", list(bundles.CANONICAL))
+def test_saving_a_loaded_bundle_gives_the_same_bytes(name: str, bundle: Loader) -> None:
+    assert bundles.to_bytes(bundle(name)) == bundles.bundle_path(name).read_bytes()
+
+
+def same_software(b: bundles.Bundle) -> bool:
+    return b.provenance.get("torch") == str(torch.__version__) and b.provenance.get("numpy") == np.__version__
+
+
+def regenerate_in_a_fresh_process(name: str) -> bytes:
+    code = (
+        "import sys; from harness import bundles; "
+        f"sys.stdout.buffer.write(bundles.to_bytes(bundles.generate(bundles.CANONICAL[{name!r}])))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, check=True, timeout=1800
+    )
+    return done.stdout
+
+
+def check_regeneration(b: bundles.Bundle) -> None:
+    if not same_software(b):
+        pytest.skip(
+            f"bundle written with torch {b.provenance.get('torch')} / numpy {b.provenance.get('numpy')}; "
+            "regeneration is byte-identical only on the same software"
+        )
+    assert regenerate_in_a_fresh_process(b.name) == bundles.bundle_path(b.name).read_bytes()
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_regenerating_gives_identical_bytes(name: str, bundle: Loader) -> None:
+    check_regeneration(bundle(name))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LARGE)
+def test_regenerating_a_large_bundle_gives_identical_bytes(name: str, bundle: Loader) -> None:
+    check_regeneration(bundle(name))
+
+
+def check_goldens(b: bundles.Bundle, batch: VerifyBatch) -> None:
+    out, lse = reference(batch)
+    # the stored goldens are the float64 oracle rounded to fp32
+    assert torch.equal(out.to(torch.float32), b.golden_out)
+    assert torch.equal(lse.to(torch.float32), b.golden_lse)
+    tokens = readout.target_tokens(out, b.readout_seed)
+    assert np.array_equal(tokens, b.target_tokens.numpy())
+    ratios = readout.certified_ratios(out, b.readout_seed)
+    assert ratios.min() == pytest.approx(b.certified_margin, rel=1e-9)
+    paths = readout.accepted_paths(b.parents, b.qo_indptr.tolist(), b.draft_tokens.numpy(), tokens)
+    assert tuple(tuple(p) for p in paths) == b.accepted_paths
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_goldens_recompute(name: str, bundle: Loader, batch: Callable[[str], VerifyBatch]) -> None:
+    check_goldens(bundle(name), batch(name))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LARGE)
+def test_goldens_of_a_large_bundle_recompute(
+    name: str, bundle: Loader, batch: Callable[[str], VerifyBatch]
+) -> None:
+    check_goldens(bundle(name), batch(name))
+
+
+@pytest.mark.parametrize("name", list(bundles.CANONICAL))
+def test_accepted_paths_follow_matching_draft_tokens(name: str, bundle: Loader) -> None:
+    b = bundle(name)
+    qo = b.qo_indptr.tolist()
+    for r, (parents, path) in enumerate(zip(b.parents, b.accepted_paths, strict=True)):
+        targets, drafts = b.target_tokens[qo[r] : qo[r + 1]], b.draft_tokens[qo[r] : qo[r + 1]]
+        assert path[0] == 0
+        for node, nxt in pairwise(path):
+            assert parents[nxt] == node and drafts[nxt] == targets[node]
+        last = path[-1]
+        assert all(drafts[c] != targets[last] for c in tree.children(parents)[last])
+    assert all(len(p) > 1 for p, t in zip(b.accepted_paths, b.num_draft, strict=True) if t > 1)
+
+
+# --- the data design: planted rows decide their rows -------------------------------------------
+
+
+def planted_positions(b: bundles.Bundle, r: int) -> dict[int, torch.Tensor]:
+    """Request r's planted rows by kv position (prefix positions, then P + draft node)."""
+    kv = b.kv_indices[int(b.kv_indptr[r]) : int(b.kv_indptr[r + 1])].tolist()
+    where = {slot: pos for pos, slot in enumerate(kv)}
+    return {
+        where[int(s)]: row for s, row in zip(b.planted_slots, b.planted_rows, strict=True) if int(s) in where
+    }
+
+
+def toggled_change(b: bundles.Bundle, row: int, head: int, key: torch.Tensor, add: bool) -> float:
+    """Relative change of output row (row, head) when ``key`` is added to / removed from its keys,
+    computed exactly from the golden output and lse."""
+    k = key.double()
+    q = b.q[row, head].double()
+    out, lse = b.golden_out[row, head].double(), float(b.golden_lse[row, head])
+    weight = math.exp(float(q @ k) * b.sm_scale - lse)  # the key's share of the current mass
+    sign = 1.0 if add else -1.0
+    new = (out + sign * weight * k[:V_DIM]) / (1 + sign * weight)
+    return float((new - out).norm() / out.norm())
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_every_needle_and_sink_decides_some_row(name: str, bundle: Loader) -> None:
+    b = bundle(name)
+    qo = b.qo_indptr.tolist()
+    for r, p in enumerate(b.prefix_lens):
+        for pos, key in planted_positions(b, r).items():
+            if pos >= p:
+                continue
+            change = max(
+                toggled_change(b, i, h, key, add=False)
+                for i in range(qo[r], qo[r + 1])
+                for h in range(b.num_heads)
+            )
+            assert change > 10 * REL_TOL, (
+                f"request {r}: dropping prefix position {pos} moves no row by 10x tol"
+            )
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_needles_sit_at_the_edges_and_at_every_power_of_two_boundary(name: str, bundle: Loader) -> None:
+    b = bundle(name)
+    for r, p in enumerate(b.prefix_lens):
+        positions = set(planted_positions(b, r))
+        expected = {x for x in (0, 1, p - 2, p - 1) if 0 <= x < p}
+        boundary = 16
+        while boundary < p:
+            expected |= {boundary - 1, boundary}
+            boundary *= 2
+        assert expected <= positions, f"request {r}: missing {sorted(expected - positions)}"
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_a_third_of_the_needles_score_through_rope_alone(name: str, bundle: Loader) -> None:
+    b = bundle(name)
+    qo = b.qo_indptr.tolist()
+    for r, p in enumerate(b.prefix_lens):
+        needles = [(pos, k) for pos, k in planted_positions(b, r).items() if 1 <= pos < p]
+        q = b.q[qo[r] : qo[r + 1]].double()
+        rope_only = 0
+        for _, key in needles:
+            k = key.double()
+            full = torch.einsum("thd,d->th", q, k) * b.sm_scale
+            t, h = divmod(int(torch.argmax(full)), b.num_heads)
+            nope = float(q[t, h, :V_DIM] @ k[:V_DIM]) * b.sm_scale
+            rope_only += abs(nope) < 0.5 and float(full[t, h]) > math.log(p) + 2
+        assert rope_only >= len(needles) // 3
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_the_sink_takes_about_30_percent_of_the_prefix_mass(
+    name: str, bundle: Loader, batch: Callable[[str], VerifyBatch]
+) -> None:
+    b, bt = bundle(name), batch(name)
+    qo = b.qo_indptr.tolist()
+    for r, p in enumerate(b.prefix_lens):
+        if p < 100:
+            continue
+        slots = bt.kv_indices[int(b.kv_indptr[r]) : int(b.kv_indptr[r]) + p].long()
+        keys = bt.kv_cache[slots].double()
+        scores = torch.einsum("thd,kd->thk", b.q[qo[r] : qo[r + 1]].double(), keys) * b.sm_scale
+        weights = torch.softmax(scores, dim=-1)
+        no_needle = weights[..., 1:].max(dim=-1).values < 0.1  # rows that no needle dominates
+        assert int(no_needle.sum()) >= 4
+        share = float(weights[..., 0][no_needle].median())
+        assert 0.15 < share < 0.5, f"request {r}: median sink share {share:.3f} in rows without a needle"
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_draft_visibility_decides_the_aligned_rows(name: str, bundle: Loader) -> None:
+    """For each draft key j and each aligned later token i, hiding j from a descendant (or
+    showing it to a non-descendant) moves row (i, j % H) beyond twice the tolerance, so a wrong
+    bit fails parity even on top of an honest kernel's own error."""
+    b = bundle(name)
+    qo = b.qo_indptr.tolist()
+    for r, (p, parents) in enumerate(zip(b.prefix_lens, b.parents, strict=True)):
+        keys = planted_positions(b, r)
+        vis = tree.visibility(parents)
+        for j in range(len(parents)):
+            for i in bundles.draft_alignment(parents, j):
+                change = toggled_change(b, qo[r] + i, j % b.num_heads, keys[p + j], add=not bool(vis[i, j]))
+                assert change > 2 * REL_TOL, (
+                    f"request {r}: mask bit ({i}, {j}) moves row ({i}, {j % b.num_heads}) by {change:.3g}"
+                )
+
+
+def test_each_position_own_key_carries_its_token(bundle: Loader) -> None:
+    # Why the goldens certify: each position's output points at its own token's code.
+    b = bundle("ragged")
+    assert len(set(b.target_tokens[int(b.qo_indptr[4]) : int(b.qo_indptr[5])].tolist())) == 64

@@ -1,0 +1,258 @@
+"""Parity checks: what passes, what fails and why, and the parity command end to end."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from harness import bundles, parity, readout
+from harness.registry import Implementation
+from harness.results import ParityRow, load_results
+
+Loader = Callable[[str], bundles.Bundle]
+
+
+def golden(b: bundles.Bundle) -> torch.Tensor:
+    return b.golden_out.double().clone()
+
+
+def test_the_goldens_pass(bundle: Loader) -> None:
+    b = bundle("ddtree")
+    row = parity.check(b, "x", golden(b), b.golden_lse.double())
+    assert row.status == "pass", row.reason
+    assert row.max_rel_err == 0 and row.tokens_match and row.path_match and row.num_rows == 16 * 16
+
+
+def test_small_honest_error_passes(bundle: Loader) -> None:
+    b = bundle("ddtree")
+    out = golden(b)
+    g = torch.Generator().manual_seed(0)
+    noise = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    out += 0.005 * noise / noise.norm(dim=-1, keepdim=True) * out.norm(dim=-1, keepdim=True)
+    row = parity.check(b, "x", out, None)
+    assert row.status == "pass", row.reason
+
+
+def test_one_row_off_by_2_percent_fails_and_is_named(bundle: Loader) -> None:
+    b = bundle("ddtree")
+    out = golden(b)
+    out[5, 3] *= 1.02
+    row = parity.check(b, "x", out, None)
+    assert row.status == "fail"
+    assert row.worst_row == "token 5, head 3"
+    assert "rel err 0.02 > 0.01 (1 rows, worst token 5, head 3)" in row.reason
+
+
+def test_an_orthogonal_error_lowers_the_cosine(bundle: Loader) -> None:
+    b = bundle("smoke")
+    out = golden(b)
+    ref = out[2, 1].clone()
+    other = torch.roll(ref, 1)
+    other -= (other @ ref) / (ref @ ref) * ref
+    out[2, 1] = ref + 0.02 * ref.norm() * other / other.norm()
+    row = parity.check(b, "x", out, None)
+    assert row.min_cosine == pytest.approx(1 / (1 + 0.02**2) ** 0.5, rel=1e-9)
+    assert "cosine 0.999800 < 0.9999 (1 rows)" in row.reason
+
+
+def test_nan_output_fails(bundle: Loader) -> None:
+    b = bundle("smoke")
+    out = golden(b)
+    out[1, 2, 7] = float("nan")
+    row = parity.check(b, "x", out, None)
+    assert row.status == "fail"
+    assert "non-finite out (1 values, first at token 1, head 2)" in row.reason
+
+
+def test_lse_is_checked_when_given_and_recorded_as_absent_otherwise(bundle: Loader) -> None:
+    b = bundle("smoke")
+    lse = b.golden_lse.double().clone()
+    assert parity.check(b, "x", golden(b), None).max_lse_abs_err is None
+    assert parity.check(b, "x", golden(b), None).status == "pass"
+    lse[0, 0] += 2e-3
+    row = parity.check(b, "x", golden(b), lse)
+    assert row.status == "fail" and "lse abs err 0.002 > 0.001" in row.reason
+
+
+def test_wrong_shape_fails(bundle: Loader) -> None:
+    b = bundle("smoke")
+    row = parity.check(b, "x", golden(b)[:, :4], None)
+    assert row.status == "fail" and "out has shape [4, 4, 512], expected [4, 8, 512]" in row.reason
+
+
+def test_swapped_positions_flip_tokens_and_path(bundle: Loader) -> None:
+    b = bundle("ragged")
+    out = golden(b)
+    out[[20, 21]] = out[[21, 20]]  # two draft tokens of request 2 exchange outputs
+    row = parity.check(b, "x", out, None)
+    assert row.status == "fail"
+    assert not row.tokens_match and "2 target tokens differ (first at token 20)" in row.reason
+
+
+def test_error_at_the_tolerance_in_the_worst_direction_keeps_every_token(bundle: Loader) -> None:
+    """The certificate: push each position's output by TOL * ||f|| straight towards its closest
+    rival token; the golden token must still win."""
+    b = bundle("ragged")
+    f = golden(b).reshape(b.num_tokens, -1).numpy()
+    w = readout.readout_matrix(b.readout_seed, b.num_heads)
+    logits = f @ w.T
+    for i in range(b.num_tokens):
+        g = int(b.target_tokens[i])
+        others = [j for j in range(readout.VOCAB) if j != g]
+        diffs = w[g] - w[others]
+        ratio = (logits[i, g] - logits[i, others]) / np.linalg.norm(diffs, axis=1)
+        rival = others[int(np.argmin(ratio))]
+        direction = (w[rival] - w[g]) / np.linalg.norm(w[rival] - w[g])
+        pushed = f[i] + readout.TOL * np.linalg.norm(f[i]) * direction
+        assert int(np.argmax(w @ pushed)) == g
+
+
+def test_certified_ratio_is_the_formula() -> None:
+    out = torch.zeros(1, 1, 512, dtype=torch.float64)
+    codes = readout.codes(3)
+    out[0, 0] = torch.from_numpy(codes[7])
+    ratios = readout.certified_ratios(out, 3)
+    f, w = codes[7], codes
+    gaps = [
+        (f @ w[7] - f @ w[j]) / (readout.TOL * np.linalg.norm(f) * np.linalg.norm(w[7] - w[j]))
+        for j in range(64)
+        if j != 7
+    ]
+    assert ratios[0] == pytest.approx(min(gaps), rel=1e-12)
+
+
+def fake(name: str, available: bool = True, run: Callable[[], tuple] | None = None) -> Implementation:
+    return Implementation(
+        name=name,
+        description="test entry",
+        availability=lambda device: (
+            available,
+            "" if available else "needs hardware this test does not have",
+        ),
+        prepare=lambda batch: run,
+        device_kind="any",
+    )
+
+
+def test_unavailable_and_erroring_implementations_are_reported(bundle: Loader) -> None:
+    def boom() -> tuple:
+        raise RuntimeError("kernel launch failed")
+
+    impls = [fake("absent", available=False), fake("broken", run=boom)]
+    rows, unavailable = parity.run_parity(["smoke"], impls, torch.device("cpu"), log=lambda *_: None)
+    assert [(r.impl, r.status) for r in rows] == [("absent", "unavailable"), ("broken", "error")]
+    assert rows[0].reason == "needs hardware this test does not have"
+    assert rows[1].reason == "RuntimeError: kernel launch failed"
+    assert unavailable == [{"impl": "absent", "reason": "needs hardware this test does not have"}]
+    assert parity.verdict(rows, with_mutations=False)[0] == 1
+
+
+def row(impl: str, status: str, bundle: str = "smoke") -> ParityRow:
+    return ParityRow(bundle=bundle, impl=impl, status=status)
+
+
+def test_verdict_passes_only_a_clean_run() -> None:
+    clean = [row("oracle", "pass"), row("verify-attn-cuda", "unavailable")]
+    assert parity.verdict(clean, with_mutations=False)[0] == 0
+    assert parity.verdict([*clean, row("verify-attn-cuda", "fail", "ddtree")], with_mutations=False)[0] == 1
+
+
+def test_verdict_fails_an_uncaught_mutant_or_a_failing_control() -> None:
+    caught = [
+        row("oracle", "pass"),
+        row("control:oracle-bf16", "pass"),
+        row("mutant:a", "pass"),
+        row("mutant:a", "fail", "ddtree"),
+    ]
+    assert parity.verdict(caught, with_mutations=True)[0] == 0
+    assert parity.verdict([*caught, row("mutant:b", "pass")], with_mutations=True)[0] == 1
+    assert (
+        parity.verdict([*caught, row("control:oracle-bf16", "fail", "ddtree")], with_mutations=True)[0] == 1
+    )
+
+
+def test_default_out_dir_names_time_device_and_commit() -> None:
+    from datetime import datetime, timezone
+
+    now = datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    path = parity.default_out_dir(now, {"name": "NVIDIA H200"}, {"sha": "0123456789abcdef"})
+    assert path == parity.REPORTS_DIR / "20250102T030405-parity-nvidia-h200-0123456"
+    assert parity.default_out_dir(now, None, {"sha": None}).name == "20250102T030405-parity-cpu-nogit"
+
+
+def run_cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parity.register_cli(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_parity_command_writes_results_and_exits_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = run_cli(
+        [
+            "parity",
+            "--bundles",
+            "smoke,ddtree",
+            "--impls",
+            "oracle",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0
+    results = load_results(tmp_path)
+    assert [(r.bundle, r.impl, r.status) for r in results.parity] == [
+        ("smoke", "oracle", "pass"),
+        ("ddtree", "oracle", "pass"),
+    ]
+    assert (tmp_path / "index.html").is_file()
+    assert json.loads((tmp_path / "results.json").read_text())["kind"] == "parity"
+    assert "smoke" in capsys.readouterr().out
+
+
+def test_parity_command_with_mutations_records_failing_mutants(tmp_path: Path) -> None:
+    code = run_cli(
+        [
+            "parity",
+            "--bundles",
+            "smoke,ddtree",
+            "--impls",
+            "oracle",
+            "--device",
+            "cpu",
+            "--mutations",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    results = load_results(tmp_path)
+    mutant_rows = [r for r in results.parity if r.impl.startswith("mutant:")]
+    assert mutant_rows and any(r.status == "fail" for r in mutant_rows)
+    assert {r.status for r in results.parity if r.impl == "control:oracle-bf16"} == {"pass"}
+    assert code == 0, results.notes
+
+
+def test_parity_command_rejects_an_unknown_implementation(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="--impls: unknown implementation"):
+        run_cli(
+            ["parity", "--bundles", "smoke", "--impls", "nope", "--device", "cpu", "--out", str(tmp_path)]
+        )
+
+
+def test_registered_gpu_entries_are_unavailable_on_a_cpu_run(tmp_path: Path) -> None:
+    code = run_cli(["parity", "--bundles", "smoke", "--device", "cpu", "--out", str(tmp_path)])
+    results = load_results(tmp_path)
+    statuses = {r.impl: r.status for r in results.parity}
+    assert statuses["oracle"] == "pass"
+    assert statuses["verify-attn-cuda"] == "unavailable" and statuses["sglang-triton-ps1"] == "unavailable"
+    assert code == 0

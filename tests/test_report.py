@@ -1,0 +1,334 @@
+"""The HTML report rendered from committed results files (tests/data), and its CLI.
+
+``sweep-h200/results.json`` is a small sweep as an H200 writes it (three implementations, two
+modes, an error row, a throttled row); ``parity-cpu/results.json`` a CPU parity run with
+unavailable implementations and mutation controls.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main as cli_main
+from harness.report import (
+    MAX_CASE_BARS,
+    parity_tables,
+    prune,
+    render_html,
+    speedup_plots,
+    summary_table,
+    write_run,
+)
+from harness.results import ParityRow, ResultsError, load_results
+
+DATA = Path(__file__).parent / "data"
+SWEEP = DATA / "sweep-h200" / "results.json"
+PARITY = DATA / "parity-cpu" / "results.json"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def sweep_html() -> str:
+    return render_html(load_results(SWEEP), str(SWEEP))
+
+
+@pytest.fixture(scope="module")
+def parity_html() -> str:
+    return render_html(load_results(PARITY), str(PARITY))
+
+
+def _section(page: str, anchor: str) -> str:
+    """The page from the heading with id ``anchor`` to the next h2."""
+    start = page.index(f'id="{anchor}"')
+    end = page.find("<h2", start)
+    return page[start : end if end > 0 else len(page)]
+
+
+def _rows_details(page: str) -> str:
+    """The collapsed table of every sweep row."""
+    start = page.index('<details id="rows">')
+    return page[start : page.index("</details>", start)]
+
+
+def _images(page: str) -> list[bytes]:
+    return [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Sweep page
+
+
+def test_sweep_page_has_every_section(sweep_html: str) -> None:
+    for anchor in ("sweep", "latency", "floor", "speedup", "environment"):
+        assert f'id="{anchor}"' in sweep_html
+    assert "<title>verify-attention sweep on NVIDIA H200</title>" in sweep_html
+
+
+def test_sweep_page_embeds_png_plots_and_loads_nothing_from_outside(sweep_html: str) -> None:
+    images = _images(sweep_html)
+    # latency, % of floor, and one speedup figure per later implementation (sglang, oracle)
+    assert len(images) == 4
+    assert all(img.startswith(PNG_MAGIC) and len(img) > 5000 for img in images)
+    assert not re.search(r'(src|href)="(https?:)?//', sweep_html)
+    assert "<link" not in sweep_html and "<script" not in sweep_html
+
+
+def test_sweep_summary_table_shows_every_case_with_medians_floor_and_speedups(sweep_html: str) -> None:
+    results = load_results(SWEEP)
+    table = _section(sweep_html, "sweep")
+    for case in {r.case_id for r in results.sweep}:
+        assert f">{case}<" in table
+    row = next(
+        r for r in results.sweep if r.case_id == "B1-P4096-T16-H8-shuffled" and r.impl == "verify-attn-cuda"
+    )
+    assert f"{row.median_ms:.4g} ms" in table
+    assert f"{row.pct_of_floor:.3g} % of floor" in table
+    assert f"{row.speedup['sglang-triton-ps1']:.3g}x" in table
+    assert "verify-attn-cuda<br>over sglang-triton-ps1" in table
+
+
+def test_sweep_page_warns_about_error_rows_and_throttled_rows(sweep_html: str) -> None:
+    head = sweep_html[: sweep_html.index('id="sweep"')]
+    assert "1 row could not be timed" in head
+    assert (
+        "B1-P262144-T16-H64-shuffled sglang-triton-ps1 graph</span>: RuntimeError: CUDA error: out of memory"
+        in head
+    )
+    assert "1 row ran while the GPU was throttled" in head
+    assert "B1-P262144-T16-H64-shuffled verify-attn-cuda cold</span>: sw_power_cap" in head
+
+
+def test_sweep_page_lists_every_row_with_its_repro_command(sweep_html: str) -> None:
+    results = load_results(SWEEP)
+    details = _rows_details(sweep_html)
+    assert details.split("<tbody>")[1].count("<tr>") == len(results.sweep)
+    for r in results.sweep:
+        assert r.repro in details
+
+
+def test_sweep_rows_show_sm_clock_and_temperature_before_and_after(sweep_html: str) -> None:
+    details = _rows_details(sweep_html)
+    throttled = details[details.index(">B1-P262144-T16-H64-shuffled<") :].split("</tr>")[0]
+    assert "1980→1755, 52→71" in throttled and "throttled" in throttled
+
+
+def test_sweep_page_shows_environment_and_ceilings(sweep_html: str) -> None:
+    env = _section(sweep_html, "environment")
+    for text in (
+        "4321 GB/s",
+        "812.5 TFLOP/s",
+        "gpu.uuid",
+        "GPU-1f3e9a52",
+        "gpu.driver",
+        "570.124.06",
+        "build_flags.arch",
+    ):
+        assert text in env
+
+
+def test_speedup_bars_cover_each_later_implementation_in_the_run_order() -> None:
+    plots = speedup_plots(load_results(SWEEP))
+    assert [p["over"] for p in plots] == ["sglang-triton-ps1", "oracle"]
+    assert "per case" in plots[0]["caption"]
+
+
+def test_speedup_bars_become_group_summaries_beyond_the_case_limit() -> None:
+    results = load_results(SWEEP)
+    template = next(r for r in results.sweep if r.impl == "verify-attn-cuda" and r.mode == "cold")
+    rows = []
+    for i in range(MAX_CASE_BARS + 1):
+        params = {**template.params, "prefix_len": 1000 + i}
+        for impl, ms in (("a", 1.0), ("b", 2.0)):
+            rows.append(
+                replace(template, case_id=f"case{i}", impl=impl, params=params, median_ms=ms, speedup={})
+            )
+    rows = [replace(r, speedup={"b": 2.0} if r.impl == "a" else {"a": 0.5}) for r in rows]
+    plots = speedup_plots(replace(results, sweep=rows))
+    assert len(plots) == 1 and "geometric mean" in plots[0]["caption"]
+
+
+def test_summary_table_marks_error_rows_instead_of_showing_a_time() -> None:
+    table = summary_table(load_results(SWEEP), "graph")
+    row = table[table.index(">B1-P262144-T16-H64-shuffled<") :].split("</tr>")[0]
+    assert "error" in row
+
+
+def test_rows_without_samples_are_not_plotted_or_counted_as_timed() -> None:
+    results = load_results(SWEEP)
+    # a row that could not run, as an A/B side writes it: status ok but no samples
+    empty = replace(
+        results.sweep[0],
+        samples_ms=[],
+        median_ms=0.0,
+        min_ms=0.0,
+        max_ms=0.0,
+        iqr_ms=0.0,
+        note="did not build",
+    )
+    page = render_html(replace(results, sweep=[empty, *results.sweep[1:]]))
+    assert "2 rows could not be timed" in page and "did not build" in page
+
+
+# ---------------------------------------------------------------------------------------------
+# Parity page
+
+
+def test_parity_page_keeps_controls_apart_from_implementations(parity_html: str) -> None:
+    parity = _section(parity_html, "parity")
+    real, controls = parity.split("<h3>Controls</h3>")
+    assert "mutant:" not in real and "control:" not in real
+    assert ">oracle<" in real and ">verify-attn-cuda<" in real
+    assert (
+        ">mutant:causal-mask<" in controls
+        and ">control:oracle-bf16<" in controls
+        and ">oracle<" not in controls
+    )
+    assert controls.count(">caught<") == 7 and controls.count(">holds<") == 1
+
+
+def test_parity_page_summarises_statuses_and_controls(parity_html: str) -> None:
+    assert "6 pass, 12 unavailable" in parity_html
+    assert "controls: 8 of 8 as expected" in parity_html
+    assert "did not behave as expected" not in parity_html
+
+
+def test_parity_page_lists_unavailable_implementations_with_reasons(parity_html: str) -> None:
+    head = parity_html[: parity_html.index('id="parity"')]
+    assert "Unavailable implementations" in head
+    assert "sglang is not installed (No module named &#39;sglang&#39;)" in head
+    assert "needs a CUDA device, got cpu" in head
+
+
+def test_parity_page_has_no_sweep_sections_or_plots(parity_html: str) -> None:
+    assert 'id="latency"' not in parity_html and not _images(parity_html)
+
+
+def test_a_mutation_control_that_never_fails_is_flagged_not_caught() -> None:
+    results = load_results(PARITY)
+    rows = [replace(p, status="pass") if p.impl == "mutant:drop-last-prefix" else p for p in results.parity]
+    tables = parity_tables(replace(results, parity=rows))
+    assert tables["controls_broken"] == ["mutant:drop-last-prefix"] and "NOT CAUGHT" in tables["controls"]
+    assert "1 control did not behave as expected</b>\n  (mutant:drop-last-prefix)" in render_html(
+        replace(results, parity=rows)
+    )
+
+
+def test_a_positive_control_that_fails_anywhere_is_flagged() -> None:
+    results = load_results(PARITY)
+    rows = [
+        replace(p, status="fail") if (p.impl, p.bundle) == ("control:oracle-bf16", "ragged5-h8") else p
+        for p in results.parity
+    ]
+    tables = parity_tables(replace(results, parity=rows))
+    assert tables["controls_broken"] == ["control:oracle-bf16"] and ">FAILED<" in tables["controls"]
+
+
+def test_a_failing_implementation_is_announced_at_the_top() -> None:
+    results = load_results(PARITY)
+    bad = ParityRow("ragged5-h8", "candidate", "fail", "target tokens differ at 2 draft positions", 0.2, 0.98)
+    page = render_html(replace(results, parity=[*results.parity, bad]))
+    head = page[: page.index('id="parity"')]
+    assert "1 parity row failed" in head and "target tokens differ at 2 draft positions" in head
+
+
+# ---------------------------------------------------------------------------------------------
+# Files and errors
+
+
+def test_write_run_writes_json_and_html_and_leaves_no_temporary_files(tmp_path: Path) -> None:
+    out = write_run(load_results(PARITY), tmp_path / "run")
+    assert sorted(p.name for p in out.iterdir()) == ["index.html", "results.json"]
+    assert load_results(out).to_json() == load_results(PARITY).to_json()
+
+
+def test_write_run_writes_nothing_when_the_results_cannot_be_shown(tmp_path: Path) -> None:
+    results = load_results(SWEEP)
+    broken = replace(results, sweep=[replace(results.sweep[0], samples_ms="fast")])
+    with pytest.raises(ResultsError, match=r"sweep\[0\] .*samples_ms must be a list of numbers"):
+        write_run(broken, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_report_cli_regenerates_index_html_from_results_json(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "old-run"
+    run.mkdir()
+    shutil.copy(PARITY, run / "results.json")
+    assert cli_main(["report", str(run)]) == 0
+    assert "controls: 8 of 8 as expected" in (run / "index.html").read_text()
+    assert f"wrote {run / 'index.html'}" in capsys.readouterr().out
+
+
+def test_truncated_results_json_is_a_clear_error_naming_the_file(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "results.json"
+    path.write_text(PARITY.read_text()[:500])
+    assert cli_main(["report", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "not valid JSON (truncated or corrupt?)" in err
+    assert not (tmp_path / "index.html").exists()
+
+
+def test_wrong_schema_is_a_clear_error_naming_the_file_and_field(tmp_path: Path, capsys) -> None:
+    doc = json.loads(PARITY.read_text())
+    doc["schema_version"] = 7
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(doc))
+    assert cli_main(["report", str(path)]) == 2
+    assert f"{path}: 'schema_version' is 7, this reader handles 1" in capsys.readouterr().err
+
+
+def test_a_row_field_of_the_wrong_type_is_an_error_naming_file_row_and_field(tmp_path: Path, capsys) -> None:
+    doc = json.loads(SWEEP.read_text())
+    doc["sweep"][3]["median_ms"] = "fast"
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(doc))
+    assert cli_main(["report", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "sweep[3]" in err and "median_ms must be a number, got 'fast'" in err
+
+
+def test_report_of_a_folder_without_results_is_an_error(tmp_path: Path, capsys) -> None:
+    assert cli_main(["report", str(tmp_path)]) == 2
+    assert "no results.json found" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# Pruning
+
+
+def _run(root: Path, name: str, source: Path, created: str, gpu: str | None) -> Path:
+    doc = json.loads(source.read_text())
+    doc["created_utc"] = created
+    doc["environment"]["gpu"] = {"name": gpu} if gpu else None
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps(doc))
+    (run / "index.html").write_text("<!doctype html>")
+    return run
+
+
+def test_prune_keeps_the_newest_page_per_gpu_model_and_kind(tmp_path: Path) -> None:
+    old = _run(tmp_path, "a", SWEEP, "2025-11-01T00:00:00+00:00", "NVIDIA H200")
+    new = _run(tmp_path, "b", SWEEP, "2025-11-02T00:00:00+00:00", "NVIDIA H200")
+    other_gpu = _run(tmp_path, "c", SWEEP, "2025-10-01T00:00:00+00:00", "NVIDIA RTX PRO 6000")
+    parity = _run(tmp_path, "d", PARITY, "2025-10-01T00:00:00+00:00", "NVIDIA H200")
+    deleted, warnings = prune(tmp_path)
+    assert deleted == [old / "index.html"] and warnings == []
+    assert all((r / "index.html").exists() for r in (new, other_gpu, parity))
+    assert all((r / "results.json").exists() for r in (old, new, other_gpu, parity))
+
+
+def test_prune_leaves_unreadable_runs_alone_and_warns(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "results.json").write_text("{")
+    (bad / "index.html").write_text("<!doctype html>")
+    assert cli_main(["report", "--prune", str(tmp_path)]) == 0
+    assert (bad / "index.html").exists()
+    assert "not valid JSON" in capsys.readouterr().err

@@ -1,0 +1,484 @@
+"""Sweep grids, case ids and batches, and a whole sweep on the CPU with stand-in implementations.
+
+The end-to-end tests run ``python -m harness sweep --device cpu`` against implementations
+registered only for the test (a correct one, a faster one, one returning NaN, one raising, an
+unavailable one and a reference), so they check the sweep's plumbing in seconds: error rows,
+speedups, the reference size cap, repro commands, the output folder and exit status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import registry
+from harness.batch import QK_DIM, VerifyBatch
+from harness.cases import CaseParams, build_batch
+from harness.cli import main as cli_main
+from harness.env import environment
+from harness.registry import Implementation
+from harness.results import SweepRow, load_results
+from harness.sweep import (
+    GridError,
+    load_grid,
+    parse_grid,
+    run_dir_name,
+    select_cases,
+    throttle_flags,
+    with_speedups,
+)
+
+KNOWN = ["verify-attn-cuda", "sglang-triton-ps1", "oracle"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Case ids and batches
+
+
+def test_case_id_reads_batch_prefix_tree_heads_layout() -> None:
+    assert CaseParams(1, 65536, 8, 16).case_id == "B1-P65536-T16-H8-shuffled"
+    assert CaseParams(4, 1024, 128, 256, layout="contiguous").case_id == "B4-P1024-T256-H128-contiguous"
+
+
+def test_case_id_names_a_tree_kind_other_than_eagle_except_for_a_single_node() -> None:
+    assert CaseParams(1, 4096, 16, 64, tree="chain").case_id == "B1-P4096-T64-H16-shuffled-chain"
+    assert CaseParams(1, 4096, 16, 1, tree="chain").case_id == "B1-P4096-T1-H16-shuffled"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batch_size": 0}, "batch_size must be >= 1, got 0"),
+        ({"prefix_len": -1}, "prefix_len must be >= 0, got -1"),
+        ({"tree": "bush"}, "tree must be one of chain, eagle, ddtree, random, got 'bush'"),
+        ({"layout": "paged"}, "layout must be one of contiguous, shuffled, got 'paged'"),
+    ],
+)
+def test_case_params_reject_bad_values_naming_the_field(kwargs: dict, message: str) -> None:
+    base = {"batch_size": 1, "prefix_len": 16, "num_heads": 8, "tree_size": 4}
+    with pytest.raises(ValueError, match=message):
+        CaseParams(**{**base, **kwargs})
+
+
+def test_build_batch_has_the_shapes_and_offsets_of_its_params() -> None:
+    p = CaseParams(batch_size=3, prefix_len=100, num_heads=8, tree_size=4, tree="random")
+    b = build_batch(p, "cpu")
+    assert isinstance(b, VerifyBatch)
+    assert b.q.shape == (12, 8, QK_DIM) and b.q.dtype == torch.bfloat16
+    assert b.kv_cache.shape == (312, QK_DIM)
+    assert b.qo_indptr.tolist() == [0, 4, 8, 12]
+    assert b.kv_indptr.tolist() == [0, 104, 208, 312]
+    assert b.prefix_lens == (100, 100, 100) and b.num_draft == (4, 4, 4)
+    assert all(par[0] == -1 and len(par) == 4 for par in b.parents)
+
+
+def test_shuffled_layout_scatters_every_slot_once_and_contiguous_keeps_order() -> None:
+    shuffled = build_batch(CaseParams(1, 1000, 8, 16), "cpu").kv_indices
+    contiguous = build_batch(CaseParams(1, 1000, 8, 16, layout="contiguous"), "cpu").kv_indices
+    assert sorted(shuffled.tolist()) == list(range(1016))
+    assert shuffled.tolist() != list(range(1016))
+    assert contiguous.tolist() == list(range(1016))
+
+
+def test_build_batch_is_seeded_and_input_sets_differ() -> None:
+    p = CaseParams(1, 500, 8, 4)
+    a, b, c = build_batch(p, "cpu"), build_batch(p, "cpu"), build_batch(p, "cpu", input_set=1)
+    assert (
+        torch.equal(a.q, b.q)
+        and torch.equal(a.kv_cache, b.kv_cache)
+        and torch.equal(a.kv_indices, b.kv_indices)
+    )
+    assert not torch.equal(a.q, c.q) and not torch.equal(a.kv_cache, c.kv_cache)
+    assert a.parents == c.parents
+
+
+# ---------------------------------------------------------------------------------------------
+# Grids
+
+
+@pytest.mark.parametrize("name", ["quick", "default", "full"])
+def test_shipped_grids_parse_and_name_only_registered_implementations(name: str) -> None:
+    grid = load_grid(name)
+    grid.check_impls(KNOWN)
+    plan = grid.plan(KNOWN)
+    ids = [c.params.case_id for c in plan]
+    assert plan and len(ids) == len(set(ids))
+    assert any(r.impl == "verify-attn-cuda" for c in plan for r in c.runs)
+
+
+def test_quick_grid_times_the_kernel_in_both_modes_and_the_baselines_on_a_subset() -> None:
+    plan = load_grid("quick").plan(KNOWN)
+    kernel = [c for c in plan if any(r.impl == "verify-attn-cuda" for r in c.runs)]
+    baseline = [c for c in plan if any(r.impl == "sglang-triton-ps1" for r in c.runs)]
+    assert all(r.modes == ("cold", "graph") for c in kernel for r in c.runs if r.impl == "verify-attn-cuda")
+    assert 0 < len(baseline) < len(kernel)
+
+
+def test_default_grid_covers_every_axis_of_the_design() -> None:
+    params = [c.params for c in load_grid("default").plan(KNOWN)]
+    assert {p.prefix_len for p in params} >= {1024, 262144}
+    assert {p.num_heads for p in params} == {8, 16, 64, 128}
+    assert {p.tree_size for p in params} == {1, 4, 16, 64, 256}
+    assert {p.layout for p in params} == {"contiguous", "shuffled"}
+    assert len({p.batch_size for p in params}) > 1 and len({p.tree for p in params}) > 1
+
+
+GRID = """
+description = "test"
+[timing]
+min_samples = 5
+max_samples = 10
+[reference]
+max_gflop = 1.0
+[[group]]
+name = "main"
+batch_size = [1]
+prefix_len = [64, 256]
+num_heads = [8]
+tree_size = [1, 4]
+tree = ["chain", "random"]
+[[group]]
+name = "extra"
+impls = ["b"]
+batch_size = [2]
+prefix_len = [64]
+num_heads = [8]
+tree_size = [4]
+modes = ["cold"]
+[group.timing]
+max_samples = 7
+"""
+
+
+def test_grid_groups_expand_to_the_product_of_their_axes() -> None:
+    grid = parse_grid(GRID, name="t", source="t.toml")
+    main, extra = grid.groups
+    # T1 is one case whatever the tree kind: 2 prefixes x (1 + 2 tree kinds at T4)
+    assert [c.case_id for c in main.cases] == [
+        "B1-P64-T1-H8-shuffled",
+        "B1-P64-T4-H8-shuffled-chain",
+        "B1-P64-T4-H8-shuffled-random",
+        "B1-P256-T1-H8-shuffled",
+        "B1-P256-T4-H8-shuffled-chain",
+        "B1-P256-T4-H8-shuffled-random",
+    ]
+    assert main.impls is None and main.modes == ("cold", "graph")
+    assert extra.impls == ("b",) and extra.modes == ("cold",)
+    assert (main.timing.min_samples, main.timing.max_samples, extra.timing.max_samples) == (5, 10, 7)
+    assert extra.timing.min_samples == 5  # inherited from [timing]
+    assert grid.reference_max_gflop == 1.0
+
+
+def test_plan_orders_implementations_as_given_and_applies_group_filters() -> None:
+    grid = parse_grid(GRID, name="t", source="t.toml")
+    plan = grid.plan(["b", "a"], modes=("cold",))
+    by_id = {c.params.case_id: c for c in plan}
+    assert [r.impl for r in by_id["B1-P64-T1-H8-shuffled"].runs] == ["b", "a"]
+    assert [r.impl for r in by_id["B2-P64-T4-H8-shuffled"].runs] == ["b"]
+    assert all(r.modes == ("cold",) for c in plan for r in c.runs)
+
+
+def test_case_filter_picks_the_exact_id_alone_or_every_id_containing_it() -> None:
+    ids = ["B1-P64-T4-H8-shuffled", "B1-P64-T4-H8-shuffled-chain", "B1-P256-T4-H8-shuffled"]
+    assert select_cases(ids, "B1-P64-T4-H8-shuffled") == ["B1-P64-T4-H8-shuffled"]
+    assert select_cases(ids, "P64") == ids[:2]
+    assert select_cases(ids, "") == ids
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[[group]]\nname = 'g'\nbatch_size = [1]\n", r"t\.toml, group 'g': missing axes \['prefix_len'"),
+        (GRID.replace("num_heads = [8]\ntree_size = [1, 4]", "num_heads = 8\ntree_size = [1, 4]"),
+         r"t\.toml, group 'main': num_heads must be a non-empty list of integers, got 8"),
+        (GRID.replace('tree = ["chain", "random"]', 'tree = ["bush"]'), r"tree has \['bush'\]; expected values among"),
+        (GRID.replace('modes = ["cold"]', 'modes = ["warm"]'), r"modes has \['warm'\]"),
+        (GRID.replace("[timing]", "[timing]\nsamples = 3"), r"\[timing\]: unknown timing keys \['samples'\]"),
+        (GRID.replace("max_samples = 7", "max_samples = 2"), r"group 'extra': timing needs 1 <= min_samples <= max_samples"),
+        (GRID.replace('modes = ["cold"]', 'modes = ["cold"]\ncolour = "red"'), r"group 'extra': unknown keys \['colour'\]"),
+        ("speed = 1\n" + GRID, r"unknown top-level keys \['speed'\]"),
+        ("description = 'no groups'\n", r"expected at least one \[\[group\]\] table"),
+        ("[[group]\n", r"t\.toml: not valid TOML"),
+    ],
+    ids=["missing-axis", "axis-not-list", "bad-tree", "bad-mode", "bad-timing-key", "min-above-max",
+         "bad-group-key", "bad-top-key", "no-group", "bad-toml"],
+)  # fmt: skip
+def test_bad_grids_are_rejected_naming_file_group_and_key(text: str, message: str) -> None:
+    with pytest.raises(GridError, match=message):
+        parse_grid(text, name="t", source="t.toml")
+
+
+def test_a_case_and_implementation_in_two_groups_is_an_error() -> None:
+    text = GRID.replace(
+        'impls = ["b"]\nbatch_size = [2]', 'impls = ["b"]\ntree = ["chain"]\nbatch_size = [1]'
+    )
+    grid = parse_grid(text, name="t", source="t.toml")
+    with pytest.raises(
+        GridError, match="case B1-P64-T4-H8-shuffled-chain with b is in groups 'main' and 'extra'"
+    ):
+        grid.plan(["a", "b"])
+
+
+def test_a_group_naming_an_unknown_implementation_is_an_error() -> None:
+    grid = parse_grid(GRID, name="t", source="t.toml")
+    with pytest.raises(GridError, match=r"group 'extra': impls has unknown implementations \['b'\]"):
+        grid.check_impls(["a"])
+
+
+def test_unknown_grid_name_lists_the_shipped_grids() -> None:
+    with pytest.raises(GridError, match="expected a name among default, full, quick"):
+        load_grid("nightly")
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows
+
+
+def _row(impl: str, median: float, status: str = "ok", mode: str = "cold", case: str = "c1") -> SweepRow:
+    samples = [median] if status == "ok" else []
+    return SweepRow(case, impl, {}, mode, samples, median, 0.0, median, median, 1, 1, status=status)
+
+
+def test_speedups_compare_medians_within_a_case_and_mode_only() -> None:
+    rows = with_speedups(
+        [
+            _row("fast", 1.0),
+            _row("slow", 4.0),
+            _row("broken", 0.0, status="error"),
+            _row("slow", 2.0, mode="graph"),
+            _row("fast", 1.0, case="c2"),
+        ]
+    )
+    assert rows[0].speedup == {"slow": 4.0}
+    assert rows[1].speedup == {"fast": 0.25}
+    assert rows[2].speedup == {} and rows[3].speedup == {} and rows[4].speedup == {}
+
+
+def test_environment_on_the_cpu_names_versions_and_no_gpu() -> None:
+    env = environment(torch.device("cpu"))
+    assert env["gpu"] is None and env["build_flags"] is None
+    assert env["torch"] == torch.__version__ and env["python"].count(".") == 2
+
+
+def test_throttle_flags_name_clock_lowering_reasons_from_either_snapshot() -> None:
+    idle = {"throttle_reasons": ["gpu_idle"]}
+    capped = {"throttle_reasons": ["sw_power_cap", "gpu_idle"]}
+    assert throttle_flags(idle, capped) == (True, ["sw_power_cap"])
+    assert throttle_flags(capped, {"throttle_reasons": ["hw_thermal_slowdown"]}) == (
+        True,
+        ["sw_power_cap", "hw_thermal_slowdown"],
+    )
+    assert throttle_flags(idle, {"throttle_reasons": ["applications_clocks_setting"]}) == (False, [])
+    assert throttle_flags(None, None) == (False, [])
+
+
+def test_run_dir_name_has_utc_time_grid_gpu_slug_and_short_sha() -> None:
+    now = datetime(2025, 11, 29, 10, 15, 3, tzinfo=timezone.utc)
+    assert (
+        run_dir_name("default", "NVIDIA H200", "3c9d2e4f5a6b", now)
+        == "20251129T101503-sweep-default-nvidia-h200-3c9d2e4"
+    )
+    assert run_dir_name("quick", None, None, now) == "20251129T101503-sweep-quick-cpu-nogit"
+
+
+# ---------------------------------------------------------------------------------------------
+# A whole sweep on the CPU
+
+
+def _matmul_impl(
+    name: str, *, repeat: int = 1, nan: bool = False, raises: bool = False, **kw
+) -> Implementation:
+    """A stand-in: attention-shaped work on the CPU (``repeat`` times), optionally broken."""
+
+    def prepare(batch: VerifyBatch):
+        if raises:
+            raise RuntimeError(f"{name} cannot run this case")
+        q = batch.q[:, :, :512].float()
+        v = batch.kv_cache[:64, :512].float()
+
+        def run():
+            for _ in range(repeat):
+                out = q @ v.T @ v
+            if nan:
+                out[0, 0, 0] = float("nan")
+            return out, None
+
+        return run
+
+    return Implementation(
+        name=name,
+        description="test stand-in",
+        availability=kw.pop("availability", lambda device: (True, "")),
+        prepare=prepare,
+        device_kind="any",
+        **kw,
+    )
+
+
+STAND_INS = [
+    _matmul_impl("quick-impl"),
+    _matmul_impl("slow-impl", repeat=8),
+    _matmul_impl("nan-impl", nan=True),
+    _matmul_impl("raising-impl", raises=True),
+    _matmul_impl("gpu-only-impl", availability=lambda device: (False, "needs a CUDA device, got cpu")),
+    _matmul_impl("reference-impl", is_reference=True),
+]
+
+CPU_GRID = """
+description = "plumbing check"
+[timing]
+warmup = 1
+min_samples = 5
+max_samples = 8
+max_time_s = 0.5
+rel_ci = 0.05
+[reference]
+max_gflop = 0.01
+[[group]]
+name = "all"
+batch_size = [1]
+prefix_len = [64, 4096]
+num_heads = [8]
+tree_size = [4]
+"""
+
+
+@pytest.fixture()
+def stand_ins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "implementations", lambda: list(STAND_INS))
+
+
+@pytest.fixture(scope="module")
+def cpu_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One sweep for every test that reads it: a few seconds on the CPU."""
+    tmp_path = tmp_path_factory.mktemp("cpu-sweep")
+    grid = tmp_path / "cpu.toml"
+    grid.write_text(CPU_GRID)
+    out = tmp_path / "run"
+    err = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err):
+        mp.setattr(registry, "implementations", lambda: list(STAND_INS))
+        code = cli_main(["sweep", "--grid", str(grid), "--device", "cpu", "--out", str(out)])
+    return {"code": code, "out": out, "results": load_results(out), "grid": grid, "err": err.getvalue()}
+
+
+def test_cpu_sweep_writes_results_and_report_and_exits_1_on_error_rows(cpu_sweep: dict) -> None:
+    assert cpu_sweep["code"] == 1
+    assert (cpu_sweep["out"] / "results.json").is_file() and (cpu_sweep["out"] / "index.html").is_file()
+    assert "error B1-P64-T4-H8-shuffled nan-impl cold: out contain NaN or Inf; not timed" in cpu_sweep["err"]
+
+
+def test_cpu_sweep_times_healthy_implementations_with_raw_samples_and_stats(cpu_sweep: dict) -> None:
+    rows = [r for r in cpu_sweep["results"].sweep if r.impl in ("quick-impl", "slow-impl")]
+    assert len(rows) == 4 and all(r.status == "ok" and r.mode == "cold" for r in rows)
+    for r in rows:
+        # five to eight samples, unless the 0.5 s budget ran out first (a loaded box) and the note says so
+        assert 5 <= len(r.samples_ms) <= 8 or (3 <= len(r.samples_ms) < 5 and "fewer samples" in r.note)
+        assert r.min_ms <= r.median_ms <= r.max_ms
+        assert r.bytes > 0 and r.flops > 0 and r.bandwidth_gbs > 0
+        assert r.floor_ms is None and r.pct_of_floor is None  # no ceilings on the CPU
+        assert r.params["prefix_len"] in (64, 4096)
+
+
+def test_cpu_sweep_records_nan_and_raising_implementations_as_untimed_error_rows(cpu_sweep: dict) -> None:
+    errors = {
+        r.impl: r
+        for r in cpu_sweep["results"].sweep
+        if r.status == "error" and r.case_id.startswith("B1-P64-")
+    }
+    assert set(errors) == {"nan-impl", "raising-impl"}
+    assert errors["nan-impl"].note == "out contain NaN or Inf; not timed"
+    assert errors["raising-impl"].note == "RuntimeError: raising-impl cannot run this case"
+    assert all(r.samples_ms == [] and r.speedup == {} for r in errors.values())
+
+
+def test_cpu_sweep_reports_speedups_between_timed_implementations(cpu_sweep: dict) -> None:
+    rows = {(r.case_id, r.impl): r for r in cpu_sweep["results"].sweep}
+    for case in ("B1-P64-T4-H8-shuffled", "B1-P4096-T4-H8-shuffled"):
+        quick, slow = rows[(case, "quick-impl")], rows[(case, "slow-impl")]
+        assert quick.speedup["slow-impl"] == pytest.approx(slow.median_ms / quick.median_ms, rel=1e-3)
+        assert "nan-impl" not in quick.speedup
+
+
+def test_cpu_sweep_skips_the_reference_above_its_size_cap_and_says_so(cpu_sweep: dict) -> None:
+    results = cpu_sweep["results"]
+    reference = [r for r in results.sweep if r.impl == "reference-impl"]
+    assert [r.case_id for r in reference] == ["B1-P64-T4-H8-shuffled"]
+    assert any(
+        "reference-impl" in n and "B1-P4096-T4-H8-shuffled" in n and "0.01 GFLOP" in n for n in results.notes
+    )
+
+
+def test_cpu_sweep_lists_unavailable_implementations_with_their_reason(cpu_sweep: dict) -> None:
+    assert cpu_sweep["results"].unavailable == [
+        {"impl": "gpu-only-impl", "reason": "needs a CUDA device, got cpu"}
+    ]
+
+
+def test_cpu_sweep_rows_carry_a_repro_command_for_their_case(cpu_sweep: dict) -> None:
+    row = next(r for r in cpu_sweep["results"].sweep if r.impl == "quick-impl")
+    assert row.repro == (
+        f"python -m harness sweep --grid {cpu_sweep['grid']} --case-filter {row.case_id} --impls quick-impl --modes cold"
+    )
+    assert cpu_sweep["results"].command.startswith(f"python -m harness sweep --grid {cpu_sweep['grid']}")
+
+
+def test_cpu_sweep_results_stay_small_with_samples_at_four_significant_digits(cpu_sweep: dict) -> None:
+    doc = json.loads((cpu_sweep["out"] / "results.json").read_text())
+    samples = [s for r in doc["sweep"] for s in r["samples_ms"]]
+    assert samples and all(float(f"{s:.4g}") == s for s in samples)
+
+
+def test_cpu_sweep_notes_what_the_cpu_cannot_measure(cpu_sweep: dict) -> None:
+    notes = " | ".join(cpu_sweep["results"].notes)
+    assert "graph mode needs a CUDA device" in notes
+    assert "no NVML state recorded" in notes
+    assert "ceilings are measured on CUDA devices only" in notes
+
+
+def test_sweep_list_prints_the_plan_without_timing(stand_ins: None, tmp_path: Path, capsys) -> None:
+    grid = tmp_path / "cpu.toml"
+    grid.write_text(CPU_GRID)
+    code = cli_main(
+        ["sweep", "--grid", str(grid), "--list", "--impls", "quick-impl,slow-impl", "--case-filter", "P64-"]
+    )
+    assert code == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "B1-P64-T4-H8-shuffled: quick-impl (cold/graph), slow-impl (cold/graph)"
+    ]
+
+
+def test_sweep_rejects_an_unknown_implementation_name(stand_ins: None, tmp_path: Path, capsys) -> None:
+    grid = tmp_path / "cpu.toml"
+    grid.write_text(CPU_GRID)
+    assert cli_main(["sweep", "--grid", str(grid), "--impls", "nope", "--list"]) == 2
+    assert "--impls 'nope': expected a comma-separated list among" in capsys.readouterr().err
+
+
+def test_sweep_without_tqdm_prints_progress_lines(
+    stand_ins: None, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm now raises ImportError
+    grid = tmp_path / "cpu.toml"
+    grid.write_text(CPU_GRID)
+    args = [
+        "--grid",
+        str(grid),
+        "--device",
+        "cpu",
+        "--impls",
+        "quick-impl",
+        "--case-filter",
+        "B1-P64-T4-H8-shuffled",
+    ]
+    assert cli_main(["sweep", *args, "--out", str(tmp_path / "run")]) == 0
+    err = capsys.readouterr().err
+    assert "sweep cpu: 1/1 B1-P64-T4-H8-shuffled quick-impl cold, ~0 s left" in err
+    assert "sweep cpu: 1/1 done in" in err

@@ -1,0 +1,356 @@
+"""Timing statistics, the sample-count policy, cold-L2 choices, NVML decoding and the roofline.
+
+The statistics and policies are pure and run on the CPU. ``measure`` itself runs on the CPU
+with the host clock (its plumbing: warm-up, budgets, rotation, early stop); the CUDA-event
+and CUDA-graph paths are ``gpu``-marked.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import statistics
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from harness import nvml
+from harness.roofline import Ceilings, floor_ms, measure_ceilings, throughput
+from harness.timing import (
+    exclusive_gpu,
+    is_stable,
+    measure,
+    median_ci,
+    quantile,
+    rotation_sets,
+    round_sig,
+    sample_budget,
+    summarize,
+)
+
+SMALL_FLUSH = 1 << 16  # keeps CPU samples cheap; the flush size is not what these tests check
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics
+
+
+def test_quantile_matches_numpy_linear_interpolation() -> None:
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 5, 37):
+        x = sorted(rng.lognormal(size=n).tolist())
+        for q in (0.0, 0.25, 0.5, 0.75, 1.0):
+            assert quantile(x, q) == pytest.approx(float(np.percentile(x, 100 * q)))
+
+
+def test_summarize_gives_median_quartiles_iqr_and_range() -> None:
+    s = summarize([5.0, 1.0, 4.0, 2.0, 3.0, 100.0])
+    assert (s.n, s.median_ms, s.min_ms, s.max_ms) == (6, 3.5, 1.0, 100.0)
+    assert (s.q1_ms, s.q3_ms) == (2.25, 4.75)
+    assert s.iqr_ms == pytest.approx(2.5)
+
+
+def test_summarize_rejects_no_samples_naming_the_argument() -> None:
+    with pytest.raises(ValueError, match="samples_ms"):
+        summarize([])
+
+
+def test_median_ci_brackets_the_median_and_narrows_with_more_samples() -> None:
+    rng = np.random.default_rng(1)
+    few = rng.normal(10.0, 1.0, size=20).tolist()
+    many = rng.normal(10.0, 1.0, size=2000).tolist()
+    lo_f, hi_f = median_ci(few)
+    lo_m, hi_m = median_ci(many)
+    assert lo_f <= statistics.median(few) <= hi_f
+    assert lo_m <= statistics.median(many) <= hi_m
+    assert hi_m - lo_m < (hi_f - lo_f) / 3
+
+
+def test_median_ci_of_fewer_than_six_samples_is_their_range() -> None:
+    assert median_ci([3.0, 1.0, 2.0]) == (1.0, 3.0)
+
+
+def test_is_stable_accepts_tight_samples_and_rejects_spread_ones() -> None:
+    tight = [1.0 + 0.001 * (i % 5) for i in range(40)]
+    spread = [1.0 + 0.2 * (i % 5) for i in range(40)]
+    assert is_stable(tight, rel_ci=0.01)
+    assert not is_stable(spread, rel_ci=0.01)
+
+
+def test_sample_budget_caps_a_fast_call_at_max_samples_without_a_note() -> None:
+    assert sample_budget(0.01, min_samples=20, max_samples=200, max_time_s=2.0) == (200, "")
+
+
+def test_sample_budget_gives_a_slow_call_fewer_samples_and_says_so() -> None:
+    n, note = sample_budget(33.0, min_samples=20, max_samples=200, max_time_s=0.5)
+    assert n == 15
+    assert "fewer samples (15 < 20)" in note and "slow implementation" in note
+
+
+def test_sample_budget_never_goes_below_three_samples() -> None:
+    n, note = sample_budget(5000.0, min_samples=20, max_samples=200, max_time_s=1.0)
+    assert n == 3 and note
+
+
+def test_rotation_sets_cover_twice_l2_between_uses_and_stay_under_five_l2() -> None:
+    l2 = 60 << 20
+    for ws in (1 << 20, 7 << 20, 50 << 20, 100 << 20):
+        n = rotation_sets(ws, l2)
+        assert n >= 2
+        assert (n - 1) * ws >= 2 * l2
+        assert n * ws <= 5 * l2
+
+
+def test_rotation_sets_choose_flushing_for_a_working_set_near_l2_or_larger() -> None:
+    assert rotation_sets(200 << 20, 60 << 20) == 0
+
+
+def test_round_sig_keeps_four_significant_digits() -> None:
+    assert round_sig(0.0123456) == 0.01235
+    assert round_sig(33.33333) == 33.33
+    assert round_sig(123456.0) == 123500.0
+    assert round_sig(0.0) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# measure() on the CPU
+
+
+def test_measure_stops_at_min_samples_once_the_median_is_stable() -> None:
+    t = measure(
+        lambda: None,
+        device="cpu",
+        warmup=1,
+        min_samples=8,
+        max_samples=500,
+        rel_ci=10.0,
+        l2_bytes=SMALL_FLUSH,
+    )
+    assert t.stats.n == len(t.samples_ms) == 8
+    assert t.note == ""
+    assert t.cold_l2.startswith("flush")
+
+
+def test_measure_keeps_sampling_up_to_max_samples_while_unstable() -> None:
+    # calls alternate between ~0 and 2 ms: the median's interval never gets within 1 %
+    durations = iter([0.0, 0.002] * 100)
+    t = measure(
+        lambda: time.sleep(next(durations)), device="cpu", warmup=1, min_samples=5, max_samples=40,
+        rel_ci=0.01, l2_bytes=SMALL_FLUSH,
+    )  # fmt: skip
+    assert len(t.samples_ms) == 40
+
+
+def test_measure_gives_a_slow_call_fewer_samples_within_its_time_budget() -> None:
+    t = measure(
+        lambda: time.sleep(0.02), device="cpu", warmup=1, min_samples=20, max_samples=100, max_time_s=0.1,
+        l2_bytes=SMALL_FLUSH,
+    )  # fmt: skip
+    assert 3 <= len(t.samples_ms) < 20
+    assert "fewer samples" in t.note
+    assert t.stats.median_ms >= 20.0
+
+
+def test_measure_rotates_through_every_input_set_without_flushing() -> None:
+    calls = [0, 0, 0]
+
+    def make(i: int):
+        def call() -> None:
+            calls[i] += 1
+
+        return call
+
+    t = measure(make(0), rotate=[make(1), make(2)], device="cpu", warmup=3, min_samples=9, max_samples=9)
+    assert t.cold_l2 == "rotate 3 input sets"
+    assert len(t.samples_ms) == 9
+    # three warm-up calls then nine samples, in turn: each set runs four times
+    assert calls == [4, 4, 4]
+
+
+def test_measure_rejects_graph_mode_off_cuda_and_unknown_modes() -> None:
+    with pytest.raises(ValueError, match="mode 'graph' needs a CUDA device"):
+        measure(lambda: None, mode="graph", device="cpu")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        measure(lambda: None, mode="warm", device="cpu")
+
+
+def test_measure_rejects_min_samples_above_max_samples() -> None:
+    with pytest.raises(ValueError, match="min_samples=30, max_samples=10"):
+        measure(lambda: None, device="cpu", min_samples=30, max_samples=10)
+
+
+# ---------------------------------------------------------------------------------------------
+# The GPU lock
+
+
+def test_exclusive_gpu_holds_the_lock_until_the_block_ends(tmp_path) -> None:
+    path = tmp_path / "gpu.lock"
+
+    def try_lock() -> bool:
+        with open(path, "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return True
+
+    with exclusive_gpu(path):
+        assert "pid" in path.read_text()
+        result = []
+        worker = threading.Thread(target=lambda: result.append(try_lock()))
+        worker.start()
+        worker.join()
+        assert result == [False]
+    assert try_lock()
+
+
+# ---------------------------------------------------------------------------------------------
+# NVML decoding (the queries themselves need a GPU)
+
+
+def test_throttle_reasons_decode_bits_to_names() -> None:
+    assert nvml.decode_throttle_reasons(0) == ["none"]
+    assert nvml.decode_throttle_reasons(0x1 | 0x4) == ["gpu_idle", "sw_power_cap"]
+    assert nvml.decode_throttle_reasons(0x1000) == ["unknown_0x1000"]
+
+
+def test_idle_and_application_clocks_are_not_throttling_but_power_and_thermal_are() -> None:
+    assert not nvml.is_throttled(["none"])
+    assert not nvml.is_throttled(["gpu_idle", "applications_clocks_setting"])
+    assert nvml.is_throttled(["gpu_idle", "sw_power_cap"])
+    assert nvml.is_throttled(["hw_thermal_slowdown"])
+
+
+class _FakeNvml:
+    """The few pynvml calls a snapshot makes, answering as an H200 near its power cap would."""
+
+    class NVMLError(Exception):
+        pass
+
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
+
+    def nvmlDeviceGetName(self, h):
+        return b"NVIDIA H200"
+
+    def nvmlDeviceGetUUID(self, h):
+        return "GPU-0000"
+
+    def nvmlSystemGetDriverVersion(self):
+        return "570.124.06"
+
+    def nvmlDeviceGetClockInfo(self, h, which):
+        return {1: 1755, 2: 3201}[which]
+
+    def nvmlDeviceGetMaxClockInfo(self, h, which):
+        return {1: 1980, 2: 3201}[which]
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        return 71
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 698_400
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h):
+        raise self.NVMLError("Not Supported")
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return 0x4
+
+
+def test_nvml_read_decodes_clocks_power_and_throttling_and_tolerates_unsupported_fields() -> None:
+    snap = nvml._read(_FakeNvml(), handle=None)
+    assert snap["name"] == "NVIDIA H200" and snap["sm_clock_mhz"] == 1755 and snap["max_sm_clock_mhz"] == 1980
+    assert snap["power_w"] == 698.4 and snap["power_limit_w"] is None
+    assert snap["throttle_reasons"] == ["sw_power_cap"] and snap["throttled"] is True
+
+
+def test_nvml_snapshot_off_cuda_returns_none_with_a_reason() -> None:
+    snap, reason = nvml.snapshot("cpu")
+    assert snap is None and "cpu" in reason
+
+
+# ---------------------------------------------------------------------------------------------
+# Roofline
+
+
+CEIL = Ceilings(
+    copy_bandwidth_gbs=4000.0, bf16_tflops=800.0, method="test", copy_bytes=0, matmul_n=0,
+    copy_median_ms=0.0, matmul_median_ms=0.0,
+)  # fmt: skip
+
+
+def test_floor_is_bandwidth_bound_for_decode_shapes() -> None:
+    # 4 GB at 4000 GB/s = 1 ms; 8 GFLOP at 800 TFLOP/s = 0.01 ms
+    assert floor_ms(4_000_000_000, 8_000_000_000, CEIL) == pytest.approx(1.0)
+
+
+def test_floor_is_compute_bound_for_large_trees() -> None:
+    # 4 MB = 0.001 ms; 1.6 TFLOP at 800 TFLOP/s = 2 ms
+    assert floor_ms(4_000_000, 1_600_000_000_000, CEIL) == pytest.approx(2.0)
+
+
+def test_throughput_reports_rates_and_percent_of_floor() -> None:
+    tp = throughput(4_000_000_000, 8_000_000_000, 2.0, CEIL)
+    assert tp.bandwidth_gbs == pytest.approx(2000.0)
+    assert tp.tflops == pytest.approx(4.0)
+    assert tp.floor_ms == pytest.approx(1.0)
+    assert tp.pct_of_floor == pytest.approx(50.0)
+
+
+def test_throughput_without_ceilings_has_no_floor() -> None:
+    tp = throughput(1000, 1000, 1.0, None)
+    assert tp.floor_ms is None and tp.pct_of_floor is None
+
+
+def test_ceilings_round_trip_through_json() -> None:
+    assert Ceilings.from_json(CEIL.to_json()) == CEIL
+    with pytest.raises(ValueError, match="bf16_tflops"):
+        Ceilings.from_json({"copy_bandwidth_gbs": 1.0})
+
+
+def test_measure_ceilings_runs_with_small_sizes_on_the_cpu() -> None:
+    c = measure_ceilings("cpu", copy_bytes=1 << 22, matmul_n=128)
+    assert c.copy_bandwidth_gbs > 0 and c.bf16_tflops > 0
+    assert c.copy_bytes == 1 << 22 and c.matmul_n == 128
+    assert "random normal" in c.method
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cold_and_graph_modes_time_a_matmul_with_cuda_events() -> None:
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(a)
+    cold = measure(lambda: torch.mm(a, a, out=out), mode="cold", min_samples=10, max_samples=50)
+    graph = measure(lambda: torch.mm(a, a, out=out), mode="graph", min_samples=10, max_samples=50)
+    for t in (cold, graph):
+        assert len(t.samples_ms) >= 10 and all(s > 0 for s in t.samples_ms)
+        assert t.cold_l2.startswith("flush")
+    # one 2048^3 matmul is ~17 GFLOP: between a microsecond and a second on any GPU
+    assert 1e-3 < cold.median_ms < 1e3
+    assert graph.median_ms == pytest.approx(cold.median_ms, rel=0.5)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_nvml_snapshot_reads_clocks_and_throttle_reasons() -> None:
+    snap, reason = nvml.snapshot("cuda")
+    if snap is None:
+        pytest.skip(f"NVML unavailable: {reason}")
+    assert snap["sm_clock_mhz"] > 0 and snap["uuid"].startswith("GPU-")
+    assert isinstance(snap["throttle_reasons"], list) and isinstance(snap["throttled"], bool)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_measure_ceilings_on_the_gpu_reports_plausible_numbers() -> None:
+    c = measure_ceilings("cuda", copy_bytes=1 << 30, matmul_n=4096)
+    assert 100 < c.copy_bandwidth_gbs < 20_000
+    assert 10 < c.bf16_tflops < 5_000
