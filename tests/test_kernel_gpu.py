@@ -179,9 +179,7 @@ def test_cuda_graph_replay_equals_eager() -> None:
 def _good():
     import kernel
 
-    batch = random_batch(random.Random(5), torch.device("cuda"))
-    while batch.batch_size < 2:
-        batch = random_batch(random.Random(len(batch.prefix_lens) + 17), torch.device("cuda"))
+    batch = make_batch(random.Random(5), torch.device("cuda"), [300, 1000], [5, 16], 4)
     mask, mask_indptr = (t.cuda() for t in kernel.pack_parents(batch.parents))
     return {
         "q": batch.q,
