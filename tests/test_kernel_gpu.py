@@ -10,6 +10,9 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -259,15 +262,30 @@ BAD_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(BAD_CASES))
-def test_bad_input_names_the_argument(case: str) -> None:
+def raise_bad_input(case: str) -> str:
+    """The error message the kernel raises for one BAD_CASES entry ("" when nothing is raised)."""
     import kernel
 
-    mutate, expected = BAD_CASES[case]
-    args = mutate(_good())
-    with pytest.raises((RuntimeError, ValueError)) as info:
-        kernel.verify_attention(**args)
-    assert expected in str(info.value), f"{case}: error does not name {expected!r}: {info.value}"
+    mutate, _ = BAD_CASES[case]
+    try:
+        kernel.verify_attention(**mutate(_good()))
+    except (RuntimeError, ValueError) as e:
+        return str(e)
+    return ""
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_bad_input_names_the_argument(case: str) -> None:
+    """Each case runs in its own process: a crash must fail the case it belongs to, not end the
+    session, and the expected words must appear in the error."""
+    code = f"import sys; sys.path[:0] = {[str(Path(__file__).parent), str(Path(__file__).parents[1])]!r}; "
+    code += f"from test_kernel_gpu import raise_bad_input; print(raise_bad_input({case!r}))"
+    res = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, f"{case}: the process died (exit {res.returncode}):\n{res.stderr[-3000:]}"
+    expected = BAD_CASES[case][1]
+    assert expected in res.stdout, f"{case}: error does not name {expected!r}: {res.stdout[-2000:]!r}"
 
 
 def test_bad_config_name_is_refused() -> None:
