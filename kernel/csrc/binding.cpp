@@ -10,6 +10,8 @@
 #include <torch/extension.h>
 
 #include <cmath>
+#include <cstdio>
+#include <type_traits>
 #include <limits>
 #include <string>
 #include <vector>
@@ -21,25 +23,52 @@ namespace {
 constexpr int64_t kQKDim = 576;
 constexpr int64_t kVDim = 512;
 
-std::string shape_str(const at::Tensor& t) {
+// Error text is built with std::to_string and string concatenation only. On the H200 box, a
+// message that streamed a number through c10::str (an ostream) crashed the process with SIGSEGV
+// inside this extension, while messages streaming only strings were fine; numbers never go
+// through an ostream here. (kernel/NOTES.md, "bad-input crash".)
+std::string text(const std::string& s) { return s; }
+std::string text(const char* s) { return s; }
+std::string text(double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.9g", x);
+  return buf;
+}
+std::string text(const c10::Device& d) { return d.str(); }
+std::string text(at::ScalarType t) { return c10::toString(t); }
+template <class T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+std::string text(T x) {
+  return std::to_string(x);
+}
+std::string text(at::IntArrayRef a) {
   std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + std::to_string(a[i]);
   return s + "]";
 }
+template <class... A>
+std::string fmt(const A&... parts) {
+  std::string s;
+  ((s += text(parts)), ...);
+  return s;
+}
+// TORCH_CHECK with a message made by fmt(): the arguments are only formatted on failure.
+#define VA_CHECK(cond, ...) TORCH_CHECK(cond, fmt(__VA_ARGS__))
+
+std::string shape_str(const at::Tensor& t) { return text(t.sizes()); }
 
 void check_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype, const at::Device& device) {
-  TORCH_CHECK(t.device() == device, name, " must be on ", device, " (where q is), got ", t.device());
-  TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous (shape ", shape_str(t), ", strides ", t.strides(), ")");
+  VA_CHECK(t.device() == device, name, " must be on ", device, " (where q is), got ", t.device());
+  VA_CHECK(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
+  VA_CHECK(t.is_contiguous(), name, " must be contiguous (shape ", shape_str(t), ", strides ", text(t.strides()), ")");
 }
 
 void check_indptr_values(const std::vector<int32_t>& v, const char* name, int64_t last_expected,
                          const char* last_what) {
-  TORCH_CHECK(v[0] == 0, name, "[0] must be 0, got ", v[0]);
+  VA_CHECK(v[0] == 0, name, "[0] must be 0, got ", v[0]);
   for (size_t i = 1; i < v.size(); ++i)
-    TORCH_CHECK(v[i] >= v[i - 1], name, " must be non-decreasing: ", name, "[", i, "] = ", v[i], " < ", name, "[",
+    VA_CHECK(v[i] >= v[i - 1], name, " must be non-decreasing: ", name, "[", i, "] = ", v[i], " < ", name, "[",
                 i - 1, "] = ", v[i - 1]);
-  TORCH_CHECK(v.back() == last_expected, name, "[-1] = ", v.back(), " must equal ", last_what, " = ",
+  VA_CHECK(v.back() == last_expected, name, "[-1] = ", v.back(), " must equal ", last_what, " = ",
               last_expected);
 }
 
@@ -59,12 +88,12 @@ void validate_data(const at::Tensor& q, const at::Tensor& kv_indices, const at::
   const int64_t B = static_cast<int64_t>(qo.size()) - 1;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t T = qo[b + 1] - qo[b], len = kvp[b + 1] - kvp[b];
-    TORCH_CHECK(T >= 1, "request ", b, " has no draft token (qo_indptr[", b + 1, "] == qo_indptr[", b,
+    VA_CHECK(T >= 1, "request ", b, " has no draft token (qo_indptr[", b + 1, "] == qo_indptr[", b,
                 "] = ", qo[b], "); every request needs T_b >= 1");
-    TORCH_CHECK(len >= T, "request ", b, " has ", len, " KV slots (kv_indptr) but ", T,
+    VA_CHECK(len >= T, "request ", b, " has ", len, " KV slots (kv_indptr) but ", T,
                 " draft tokens (qo_indptr); its slots must be its prefix then its draft tokens");
     const int64_t words = (T + 31) / 32;
-    TORCH_CHECK(tmp[b + 1] - tmp[b] == T * words, "tree_mask_indptr: request ", b, " has ", tmp[b + 1] - tmp[b],
+    VA_CHECK(tmp[b + 1] - tmp[b] == T * words, "tree_mask_indptr: request ", b, " has ", tmp[b + 1] - tmp[b],
                 " words, expected T_b * ceil(T_b / 32) = ", T * words);
   }
   if (K > 0) {
@@ -73,7 +102,7 @@ void validate_data(const at::Tensor& q, const at::Tensor& kv_indices, const at::
     if (lo < 0 || hi >= num_slots) {
       const at::Tensor bad = at::nonzero((kv_indices < 0).logical_or(kv_indices >= num_slots)).to(at::kCPU);
       const int64_t i = bad[0][0].item<int64_t>();
-      TORCH_CHECK(false, "kv_indices[", i, "] = ", kv_indices[i].item<int32_t>(), " is outside the pool of ",
+      VA_CHECK(false, "kv_indices[", i, "] = ", kv_indices[i].item<int32_t>(), " is outside the pool of ",
                   num_slots, " slots (kv_cache.size(0))");
     }
   }
@@ -83,7 +112,7 @@ void validate_data(const at::Tensor& q, const at::Tensor& kv_indices, const at::
     const int64_t T = qo[b + 1] - qo[b], words = (T + 31) / 32;
     for (int64_t i = 0; i < T; ++i) {
       const uint32_t w = static_cast<uint32_t>(mask[tmp[b] + i * words + i / 32]);
-      TORCH_CHECK((w >> (i % 32)) & 1u, "tree_mask: draft token ", i, " of request ", b,
+      VA_CHECK((w >> (i % 32)) & 1u, "tree_mask: draft token ", i, " of request ", b,
                   " does not see itself (its diagonal bit is 0)");
     }
   }
@@ -96,49 +125,49 @@ std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& 
                                          c10::optional<at::Tensor> out_opt, c10::optional<at::Tensor> lse_opt,
                                          bool validate, int64_t config, int64_t max_partials) {
   // q [N, H, 576] bf16, kv_cache [S, 576] or [S, 1, 576] bf16
-  TORCH_CHECK(q.is_cuda(), "q must be a CUDA tensor, got device ", q.device());
+  VA_CHECK(q.is_cuda(), "q must be a CUDA tensor, got device ", q.device());
   const at::Device device = q.device();
   check_tensor(q, "q", at::kBFloat16, device);
-  TORCH_CHECK(q.dim() == 3 && q.size(2) == kQKDim, "q must be [num_tokens, num_heads, 576], got ", shape_str(q));
+  VA_CHECK(q.dim() == 3 && q.size(2) == kQKDim, "q must be [num_tokens, num_heads, 576], got ", shape_str(q));
   at::Tensor kv_cache = kv_cache_in;
   if (kv_cache.dim() == 3) {
-    TORCH_CHECK(kv_cache.size(1) == 1, "kv_cache as [S, 1, 576] must have one KV head (MLA), got ",
+    VA_CHECK(kv_cache.size(1) == 1, "kv_cache as [S, 1, 576] must have one KV head (MLA), got ",
                 shape_str(kv_cache));
     kv_cache = kv_cache.view({kv_cache.size(0), kv_cache.size(2)});
   }
   check_tensor(kv_cache, "kv_cache", at::kBFloat16, device);
-  TORCH_CHECK(kv_cache.dim() == 2 && kv_cache.size(1) == kQKDim,
+  VA_CHECK(kv_cache.dim() == 2 && kv_cache.size(1) == kQKDim,
               "kv_cache must be [num_slots, 576] or [num_slots, 1, 576], got ", shape_str(kv_cache_in));
   check_tensor(kv_indices, "kv_indices", at::kInt, device);
   check_tensor(qo_indptr, "qo_indptr", at::kInt, device);
   check_tensor(kv_indptr, "kv_indptr", at::kInt, device);
   check_tensor(tree_mask, "tree_mask", at::kInt, device);
   check_tensor(tree_mask_indptr, "tree_mask_indptr", at::kInt, device);
-  TORCH_CHECK(kv_indices.dim() == 1, "kv_indices must be 1-D [K], got ", shape_str(kv_indices));
-  TORCH_CHECK(tree_mask.dim() == 1, "tree_mask must be 1-D (packed words), got ", shape_str(tree_mask));
-  TORCH_CHECK(qo_indptr.dim() == 1 && qo_indptr.size(0) >= 1, "qo_indptr must be 1-D [B+1], got ",
+  VA_CHECK(kv_indices.dim() == 1, "kv_indices must be 1-D [K], got ", shape_str(kv_indices));
+  VA_CHECK(tree_mask.dim() == 1, "tree_mask must be 1-D (packed words), got ", shape_str(tree_mask));
+  VA_CHECK(qo_indptr.dim() == 1 && qo_indptr.size(0) >= 1, "qo_indptr must be 1-D [B+1], got ",
               shape_str(qo_indptr));
   const int64_t B = qo_indptr.size(0) - 1, N = q.size(0), H = q.size(1), S = kv_cache.size(0);
-  TORCH_CHECK(kv_indptr.dim() == 1 && kv_indptr.size(0) == B + 1, "kv_indptr must be [B+1] = [", B + 1,
+  VA_CHECK(kv_indptr.dim() == 1 && kv_indptr.size(0) == B + 1, "kv_indptr must be [B+1] = [", B + 1,
               "] like qo_indptr, got ", shape_str(kv_indptr));
-  TORCH_CHECK(tree_mask_indptr.dim() == 1 && tree_mask_indptr.size(0) == B + 1, "tree_mask_indptr must be [B+1] = [",
+  VA_CHECK(tree_mask_indptr.dim() == 1 && tree_mask_indptr.size(0) == B + 1, "tree_mask_indptr must be [B+1] = [",
               B + 1, "] like qo_indptr, got ", shape_str(tree_mask_indptr));
-  TORCH_CHECK(H >= 1, "q must have at least one head, got ", shape_str(q));
-  TORCH_CHECK(N >= B, "q has ", N, " tokens but there are ", B, " requests, each with at least one draft token");
+  VA_CHECK(H >= 1, "q must have at least one head, got ", shape_str(q));
+  VA_CHECK(N >= B, "q has ", N, " tokens but there are ", B, " requests, each with at least one draft token");
   const int64_t int_max = std::numeric_limits<int32_t>::max();
-  TORCH_CHECK(S <= int_max, "kv_cache has ", S, " slots; at most 2^31 - 1 are supported (int32 kv_indices)");
-  TORCH_CHECK(N * H <= int_max, "num_tokens * num_heads = ", N * H, " exceeds the supported 2^31 - 1 rows");
-  TORCH_CHECK(kv_indices.numel() <= int_max, "kv_indices has ", kv_indices.numel(), " entries; at most 2^31 - 1");
-  TORCH_CHECK(std::isfinite(sm_scale) && sm_scale > 0, "sm_scale must be a finite positive number, got ", sm_scale);
-  TORCH_CHECK(config >= 0 && config <= 2, "config must be 0 (auto), 1 (large) or 2 (small), got ", config);
+  VA_CHECK(S <= int_max, "kv_cache has ", S, " slots; at most 2^31 - 1 are supported (int32 kv_indices)");
+  VA_CHECK(N * H <= int_max, "num_tokens * num_heads = ", N * H, " exceeds the supported 2^31 - 1 rows");
+  VA_CHECK(kv_indices.numel() <= int_max, "kv_indices has ", kv_indices.numel(), " entries; at most 2^31 - 1");
+  VA_CHECK(std::isfinite(sm_scale) && sm_scale > 0, "sm_scale must be a finite positive number, got ", sm_scale);
+  VA_CHECK(config >= 0 && config <= 2, "config must be 0 (auto), 1 (large) or 2 (small), got ", config);
 
   at::Tensor out = out_opt.has_value() ? *out_opt : at::empty({N, H, kVDim}, q.options());
   at::Tensor lse = lse_opt.has_value() ? *lse_opt : at::empty({N, H}, q.options().dtype(at::kFloat));
   check_tensor(out, "out", at::kBFloat16, device);
-  TORCH_CHECK(out.dim() == 3 && out.size(0) == N && out.size(1) == H && out.size(2) == kVDim, "out must be [", N,
+  VA_CHECK(out.dim() == 3 && out.size(0) == N && out.size(1) == H && out.size(2) == kVDim, "out must be [", N,
               ", ", H, ", 512], got ", shape_str(out));
   check_tensor(lse, "lse", at::kFloat, device);
-  TORCH_CHECK(lse.dim() == 2 && lse.size(0) == N && lse.size(1) == H, "lse must be [", N, ", ", H, "], got ",
+  VA_CHECK(lse.dim() == 2 && lse.size(0) == N && lse.size(1) == H, "lse must be [", N, ", ", H, "], got ",
               shape_str(lse));
 
   const c10::cuda::CUDAGuard guard(device);
@@ -149,7 +178,7 @@ std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& 
   va::Plan plan{};
   cudaError_t e = va::make_plan(device.index(), static_cast<int>(B), static_cast<int>(N), static_cast<int>(H),
                                 static_cast<int>(config), static_cast<int>(max_partials), &plan);
-  TORCH_CHECK(e != cudaErrorInvalidValue, "config ", config, " needs ", va::config_smem_bytes(static_cast<int>(config)),
+  VA_CHECK(e != cudaErrorInvalidValue, "config ", config, " needs ", va::config_smem_bytes(static_cast<int>(config)),
               " bytes of shared memory per block, more than ", device, " allows");
   C10_CUDA_CHECK(e);
   at::Tensor workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)}, q.options().dtype(at::kByte));
