@@ -63,10 +63,10 @@ def tests(session: nox.Session) -> None:
     regression gate over the committed report history (newest two runs per GPU model and grid)."""
     _install_project(session, "[dev]")
     session.run("python", "-m", "kernel.ptxas_check")
-    session.run("python", "-m", "pytest", *(session.posargs or ["-q"]))
+    _harness(session, "compare", "--history", "reports/")
     if not session.posargs:  # the large bundles (4-6): regeneration, goldens, controls, ~2 minutes
         session.run("python", "-m", "pytest", "-q", "-m", "slow")
-    _harness(session, "compare", "--history", "reports/")
+    session.run("python", "-m", "pytest", *(session.posargs or ["-q"]))
 
 
 @nox.session(venv_params=VENV_PARAMS)
