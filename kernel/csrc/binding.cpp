@@ -10,12 +10,11 @@
 #include <torch/extension.h>
 
 #include <cmath>
-#include <cstdio>
-#include <type_traits>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "messages.h"
 #include "verify_attention.h"
 
 namespace {
@@ -23,36 +22,7 @@ namespace {
 constexpr int64_t kQKDim = 576;
 constexpr int64_t kVDim = 512;
 
-// Error text is built with std::to_string and string concatenation only. On the H200 box, a
-// message that streamed a number through c10::str (an ostream) crashed the process with SIGSEGV
-// inside this extension, while messages streaming only strings were fine; numbers never go
-// through an ostream here. (kernel/NOTES.md, "bad-input crash".)
-std::string text(const std::string& s) { return s; }
-std::string text(const char* s) { return s; }
-std::string text(double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.9g", x);
-  return buf;
-}
-std::string text(const c10::Device& d) { return d.str(); }
-std::string text(at::ScalarType t) { return c10::toString(t); }
-template <class T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
-std::string text(T x) {
-  return std::to_string(x);
-}
-std::string text(at::IntArrayRef a) {
-  std::string s = "[";
-  for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + std::to_string(a[i]);
-  return s + "]";
-}
-template <class... A>
-std::string fmt(const A&... parts) {
-  std::string s;
-  ((s += text(parts)), ...);
-  return s;
-}
-// TORCH_CHECK with a message made by fmt(): the arguments are only formatted on failure.
-#define VA_CHECK(cond, ...) TORCH_CHECK(cond, fmt(__VA_ARGS__))
+using va_messages::text;
 
 std::string shape_str(const at::Tensor& t) { return text(t.sizes()); }
 
