@@ -347,9 +347,10 @@ def run_grid(results: Results) -> str:
         bundles = _command_option(results.command, "--bundles")
         return ",".join(sorted(bundles.split(","))) if bundles else "all-bundles"
     grid = _command_option(results.command, "--grid")
-    if grid is None:
-        return "default"
-    return Path(grid).stem if grid.endswith(".toml") else grid
+    name = "default" if grid is None else Path(grid).stem if grid.endswith(".toml") else grid
+    # A tensor-parallel run times other cases (H/N heads per rank) than a one-GPU run of the grid.
+    tp = _command_option(results.command, "--tp")
+    return f"{name}-tp{tp}" if tp else name
 
 
 def run_key(results: Results) -> RunKey:

@@ -127,10 +127,15 @@ def timed(row: SweepRow) -> bool:
 # Sweep: frames, tables, plots
 
 
-def sweep_frame(results: Results) -> pd.DataFrame:
-    """One row per sweep row: its fields, its params as columns, and ``n`` (sample count)."""
-    records = []
-    for r in results.sweep:
+def sweep_frame(results: Results, include_ranks: bool = False) -> pd.DataFrame:
+    """One row per sweep row (index = its position in ``results.sweep``): its fields, its params
+    as columns, and ``n`` (sample count). Tensor-parallel rank rows (H/N heads on one GPU) are
+    left out unless ``include_ranks``: plots and summaries show the TP step rows as the cases."""
+    records, index = [], []
+    for i, r in enumerate(results.sweep):
+        if r.tp_rank is not None and not include_ranks:
+            continue
+        index.append(i)
         rec = {
             k: getattr(r, k) for k in ("case_id", "impl", "mode", "median_ms", "iqr_ms", "min_ms", "max_ms")
         }
@@ -148,7 +153,7 @@ def sweep_frame(results: Results) -> pd.DataFrame:
         )
         rec.update({k: v for k, v in r.params.items() if k not in rec})
         records.append(rec)
-    return pd.DataFrame.from_records(records)
+    return pd.DataFrame.from_records(records, index=index)
 
 
 def impl_order(results: Results) -> list[str]:
@@ -435,7 +440,7 @@ def _nvml_change(before: dict[str, Any] | None, after: dict[str, Any] | None) ->
 def rows_table(results: Results) -> str:
     """Every sweep row: statistics, throughput, floor, cold-L2 method, NVML clocks and
     temperature before -> after, note, repro command."""
-    df = sweep_frame(results)
+    df = sweep_frame(results, include_ranks=True)
     if df.empty:
         return ""
     order = {c: i for i, c in enumerate(case_order(results))}

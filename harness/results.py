@@ -80,6 +80,15 @@ class SweepRow:
     # zero statistics; it is never timed
     status: str = "ok"
     cold_l2: str = ""  # how L2 was made cold: "flush 120 MB", "rotate 7 input sets"
+    # Where it ran, in runs over several GPUs (harness/shard.py); None in single-GPU runs and
+    # on a TP step row, which spans every rank's GPU. gpu_index numbers the GPUs as the run's
+    # parent process saw them.
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
+    # Tensor-parallel runs: tp_size GPUs each time H/tp_size heads; tp_rank is the rank of a
+    # rank row and None on the step row (the slowest rank per round)
+    tp_rank: int | None = None
+    tp_size: int | None = None
 
 
 @dataclass

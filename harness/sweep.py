@@ -2,6 +2,7 @@
 
     python -m harness sweep [--grid quick|default|full|PATH.toml] [--impls a,b] [--modes cold,graph]
                             [--case-filter SUBSTR] [--out DIR] [--list] [--device cuda|cpu]
+                            [--gpus all|N | --tp N | --shard K/N] [--worker-timeout S]
 
 Grids live in ``harness/grids/*.toml`` (or any TOML file with the same layout)::
 
@@ -44,7 +45,13 @@ is in :mod:`harness.timing`). A progress bar shows the case, implementation and 
 and the time left. ``--device cpu`` runs the plumbing with the host clock (no graph mode, no
 ceilings, no NVML): for checking a grid or an implementation's wiring, not for numbers.
 
-Exit status: 0 when every row was timed, 1 when any row is an error, 2 on bad arguments.
+Several GPUs (:mod:`harness.shard`): ``--gpus all|N`` deals the cases to N GPUs, one worker
+process per GPU, and merges their rows into one report; ``--tp N`` times every case
+tensor-parallel on N GPUs at once (H/N heads each, the same KV); ``--shard K/N`` is the worker
+mode that times shard K of N alone.
+
+Exit status: 0 when every row was timed, 1 when any row is an error, 2 on bad arguments, 3 when
+a worker of a ``--gpus``/``--tp`` run failed (no report is written then).
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import os
 import re
 import shlex
 import sys
@@ -315,6 +323,7 @@ class SweepOptions:
     modes: tuple[str, ...]
     case_filter: str
     device: torch.device
+    case_ids: frozenset[str] | None = None  # only these cases (a shard's); None = every case
 
 
 def _repro(opts: SweepOptions, case_id: str, impl: str, mode: str) -> str:
@@ -502,6 +511,7 @@ def run_sweep(opts: SweepOptions, command: str) -> Results:
         (available if ok else unavailable).append(impl if ok else {"impl": impl.name, "reason": reason})
     impls = {i.name: i for i in available}
     plan = opts.grid.plan(list(impls), case_filter=opts.case_filter, modes=opts.modes)
+    plan = [c for c in plan if opts.case_ids is None or c.params.case_id in opts.case_ids]
     modes = [m for m in opts.modes if device.type == "cuda" or m != "graph"]
     if len(modes) < len(opts.modes):
         notes.append("graph mode needs a CUDA device; only cold mode was timed")
@@ -585,9 +595,23 @@ def main(args: argparse.Namespace) -> int:
         return 2
     device = torch.device(args.device)
     opts = SweepOptions(grid, args.grid, impls, modes, args.case_filter, device)
+    if args.gpus is not None or args.tp is not None:
+        from harness import shard
+
+        return shard.main(args, opts)
+    if args.shard is not None:
+        from harness import shard
+
+        try:
+            opts = replace(opts, case_ids=shard.worker_case_ids(opts, args.shard))
+        except shard.ShardError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if args.list:
         names = [n for n in registry_names() if impls is None or n in impls]
         for case in grid.plan(names, case_filter=args.case_filter, modes=modes):
+            if opts.case_ids is not None and case.params.case_id not in opts.case_ids:
+                continue
             runs = ", ".join(f"{r.impl} ({'/'.join(r.modes)})" for r in case.runs)
             print(f"{case.params.case_id}: {runs}")
         return 0
@@ -598,7 +622,11 @@ def main(args: argparse.Namespace) -> int:
         )
         return 2
     command = shlex.join(["python", "-m", "harness", "sweep", *_command_args(args)])
-    with exclusive_gpu():
+    if args.shard is not None:
+        lock = shard.worker_lock(device, under_parent=shard.PARENT_ENV in os.environ)
+    else:
+        lock = exclusive_gpu()
+    with lock:
         results = run_sweep(opts, command)
     gpu = results.environment.get("gpu") or {}
     out_dir = (
@@ -630,6 +658,22 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         "--device", default="cuda", help="cuda (default) or cpu (plumbing checks only, host clock)"
     )
     p.add_argument("--list", action="store_true", help="print the planned cases and exit")
+    several = p.add_mutually_exclusive_group()
+    several.add_argument(
+        "--gpus",
+        metavar="all|N",
+        help="deal the cases to N GPUs (all: every visible one), one worker per GPU",
+    )
+    several.add_argument(
+        "--tp", type=int, metavar="N", help="time every case tensor-parallel on N GPUs, H/N heads each"
+    )
+    several.add_argument("--shard", metavar="K/N", help="worker mode: time shard K (from 0) of N alone")
+    p.add_argument(
+        "--worker-timeout",
+        type=float,
+        metavar="S",
+        help="with --gpus/--tp: kill a worker still running after S seconds (default: no limit)",
+    )
     p.set_defaults(func=main)
 
 
@@ -645,4 +689,7 @@ def _command_args(args: argparse.Namespace) -> list[str]:
             out += [option, value]
     if args.device != "cuda":
         out += ["--device", args.device]
+    for option, value in (("--gpus", args.gpus), ("--tp", args.tp), ("--shard", args.shard)):
+        if value is not None:
+            out += [option, str(value)]
     return out

@@ -557,6 +557,7 @@ def test_run_grid_reads_the_command_line() -> None:
     for command, grid in [
         ("python -m harness sweep --grid=harness/grids/mine.toml", "mine"),
         ("python -m harness sweep", "default"),
+        ("python -m harness sweep --grid quick --tp 8", "quick-tp8"),
     ]:
         r.command = command
         assert compare.run_grid(r) == grid
