@@ -334,7 +334,7 @@ def _sleep_cycles_per_ms(device: torch.device) -> float:
     return SLEEP_CALIBRATION_CYCLES / t.median_ms
 
 
-def _non_finite(result: tuple[torch.Tensor, torch.Tensor | None]) -> str:
+def non_finite_reason(result: tuple[torch.Tensor, torch.Tensor | None]) -> str:
     bad = [
         n
         for n, t in zip(("out", "lse"), result, strict=True)
@@ -404,7 +404,7 @@ def time_case(
         try:
             calls[c.label] = [c.make_call(b) for b in batches]
             result = calls[c.label][0]()
-            why[c.label] = _non_finite(result)
+            why[c.label] = non_finite_reason(result)
             outputs.append(result[0])
         except Exception as e:  # a revision that cannot run a case is a row, not a crash
             why[c.label] = f"{type(e).__name__}: {e}"

@@ -92,25 +92,23 @@ from harness.cases import CaseParams, build_batch
 from harness.env import environment, git_info
 from harness.registry import Implementation, RunFn
 from harness.results import Results, SweepRow, load_results, write_results
-from harness.roofline import Ceilings, measure_ceilings, throughput
+from harness.roofline import Ceilings, measure_ceilings
 from harness.sweep import (
     REPO_ROOT,
-    REPORTS_DIR,
     PlannedCase,
     PlannedRun,
     SweepOptions,
     TimingPolicy,
-    _command_args,
-    _error_row,
-    _non_finite,
-    _progress,
-    _repro,
-    _row_nvml,
+    command_args,
+    error_row,
     load_grid,
+    non_finite_reason,
+    progress_bar,
     registry_names,
-    run_dir_name,
-    throttle_flags,
+    repro_command,
+    timed_row,
     with_speedups,
+    write_sweep_report,
 )
 from harness.timing import (
     CHUNK_SAMPLES,
@@ -118,16 +116,16 @@ from harness.timing import (
     GPU_LOCK_PATH,
     MAX_SPIN_MS,
     PILOT_SAMPLES,
+    Sampler,
     Timing,
-    _capture,
-    _Sampler,
-    _spin_cycles_per_ms,
+    capture_graph,
     exclusive_gpu,
     is_stable,
     l2_bytes_of,
     rotation_sets,
     round_sig,
     sample_budget,
+    spin_cycles_per_ms,
     summarize,
 )
 
@@ -599,14 +597,14 @@ def measure_collective(
             flush_bytes = int(FLUSH_FACTOR * l2_bytes_of(device))
             cold_l2 = f"flush {flush_bytes / 1e6:.0f} MB" + ("" if device.type == "cuda" else " (host cache)")
         if mode == "graph":
-            calls = [_capture(c, device, policy.warmup) for c in calls]
-        sampler = _Sampler(calls, device, flush_bytes)
+            calls = [capture_graph(c, device, policy.warmup) for c in calls]
+        sampler = Sampler(calls, device, flush_bytes)
         host_ms = [sampler.untimed() for _ in range(max(policy.warmup, len(calls), 1))]
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             spin_ms = min(statistics.median(host_ms), MAX_SPIN_MS)
             index = device.index if device.index is not None else torch.cuda.current_device()
-            sampler.spin_cycles = int(spin_ms * _spin_cycles_per_ms(index))
+            sampler.spin_cycles = int(spin_ms * spin_cycles_per_ms(index))
     except Exception as e:  # this rank's failure becomes every rank's error row
         why = f"{type(e).__name__}: {e}"
     failed = coll.failed_ranks(bool(why))
@@ -698,37 +696,13 @@ def _rank_row(
     ids = dict(
         case_id=rank_case_id(case.case_id, size, rank),
         params={**case.to_json(), "num_heads": case.num_heads // size},
-        repro=f"{_repro(opts, case.case_id, impl, mode)} --tp {size}",
+        repro=f"{repro_command(opts, case.case_id, impl, mode)} --tp {size}",
         tp_rank=rank,
         tp_size=size,
     )
     if timing is None:
-        return replace(_error_row(opts, case, impl, mode, nbytes, flops, why), **ids)
-    before, after = nvml_state
-    throttled, reasons = throttle_flags(before, after)
-    tp = throughput(nbytes, flops, timing.median_ms, ceilings)
-    return SweepRow(
-        impl=impl,
-        mode=mode,
-        samples_ms=[round_sig(s) for s in timing.samples_ms],
-        median_ms=round_sig(timing.stats.median_ms),
-        iqr_ms=round_sig(timing.stats.iqr_ms),
-        min_ms=round_sig(timing.stats.min_ms),
-        max_ms=round_sig(timing.stats.max_ms),
-        bytes=nbytes,
-        flops=flops,
-        floor_ms=None if tp.floor_ms is None else round_sig(tp.floor_ms),
-        pct_of_floor=None if tp.pct_of_floor is None else round_sig(tp.pct_of_floor),
-        bandwidth_gbs=round_sig(tp.bandwidth_gbs),
-        tflops=round_sig(tp.tflops),
-        nvml_before=_row_nvml(before),
-        nvml_after=_row_nvml(after),
-        throttled=throttled,
-        throttle_reasons=reasons,
-        note=timing.note,
-        cold_l2=timing.cold_l2,
-        **ids,
-    )
+        return replace(error_row(opts, case, impl, mode, nbytes, flops, why), **ids)
+    return timed_row(timing, nbytes, flops, ceilings, nvml_state, impl=impl, mode=mode, **ids)
 
 
 def _plan_digest(plan: Sequence[PlannedCase]) -> float:
@@ -772,7 +746,7 @@ def run_rank(spec: TpSpec, rank: int, coll: Collective) -> Results:
     skipped: list[str] = []
     l2 = l2_bytes_of(device)
     total = sum(len(r.modes) for c in plan for r in c.runs)
-    progress = _progress(total, f"sweep {grid.name} tp{spec.size}") if rank == 0 else _Quiet()
+    progress = progress_bar(total, f"sweep {grid.name} tp{spec.size}") if rank == 0 else _Quiet()
     with progress:
         for case in plan:
             first = head_slice(build_batch(case.params, device), rank, spec.size)
@@ -839,7 +813,7 @@ def _time_rank_run(
     run_fns: list[RunFn] = []
     try:
         run_fns = [impl.prepare(b) for b in batches]
-        why = next((w for w in map(_non_finite, run_fns) if w), "")
+        why = next((w for w in map(non_finite_reason, run_fns) if w), "")
     except Exception as e:  # one rank's failure is every rank's error row
         why = f"{type(e).__name__}: {e}"
     failed = coll.failed_ranks(bool(why))
@@ -949,7 +923,7 @@ def worker_command(args: argparse.Namespace, shard: int, n: int, out: Path) -> l
         "-m",
         "harness",
         "sweep",
-        *_command_args(plain),
+        *command_args(plain),
         "--shard",
         f"{shard}/{n}",
         "--out",
@@ -1107,25 +1081,11 @@ def _report_failures(failures: Sequence[Failure], tmp: Path) -> None:
 
 
 def _write(results: Results, args: argparse.Namespace, grid_label: str) -> int:
-    from harness.report import write_run
-
-    gpu = results.environment.get("gpu") or {}
-    out_dir = (
-        Path(args.out)
-        if args.out
-        else REPORTS_DIR
-        / run_dir_name(grid_label, gpu.get("name"), results.git.get("sha"), datetime.now(timezone.utc))
-    )
-    write_run(results, out_dir)
-    errors = [r for r in results.sweep if r.status != "ok"]
-    print(f"{len(results.sweep)} rows, {len(errors)} errors -> {out_dir / 'index.html'}")
-    for r in errors:
-        print(f"  error {r.case_id} {r.impl} {r.mode}: {r.note}", file=sys.stderr)
-    return 1 if errors else 0
+    return write_sweep_report(results, args.out, grid_label)
 
 
 def _command(args: argparse.Namespace) -> str:
-    return shlex.join(["python", "-m", "harness", "sweep", *_command_args(args)])
+    return shlex.join(["python", "-m", "harness", "sweep", *command_args(args)])
 
 
 def _slots(option: str, value: str, device: torch.device) -> list[GpuSlot]:

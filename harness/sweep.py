@@ -78,7 +78,7 @@ from harness.env import environment, git_info
 from harness.registry import Implementation, RunFn
 from harness.results import Results, SweepRow
 from harness.roofline import Ceilings, measure_ceilings, throughput
-from harness.timing import MODES, exclusive_gpu, l2_bytes_of, measure, rotation_sets, round_sig
+from harness.timing import MODES, Timing, exclusive_gpu, l2_bytes_of, measure, rotation_sets, round_sig
 
 try:
     import tomllib
@@ -326,14 +326,14 @@ class SweepOptions:
     case_ids: frozenset[str] | None = None  # only these cases (a shard's); None = every case
 
 
-def _repro(opts: SweepOptions, case_id: str, impl: str, mode: str) -> str:
+def repro_command(opts: SweepOptions, case_id: str, impl: str, mode: str) -> str:
     return shlex.join(
         ["python", "-m", "harness", "sweep", "--grid", opts.grid_arg, "--case-filter", case_id]
         + ["--impls", impl, "--modes", mode]
     )
 
 
-def _error_row(
+def error_row(
     opts: SweepOptions, case: CaseParams, impl: str, mode: str, nbytes: int, flops: int, why: str
 ) -> SweepRow:
     return SweepRow(
@@ -350,11 +350,11 @@ def _error_row(
         flops=flops,
         status="error",
         note=why,
-        repro=_repro(opts, case.case_id, impl, mode),
+        repro=repro_command(opts, case.case_id, impl, mode),
     )
 
 
-def _non_finite(run_fn: RunFn) -> str:
+def non_finite_reason(run_fn: RunFn) -> str:
     """ "" when one call's outputs are all finite, else what is not."""
     out, lse = run_fn()
     bad = [
@@ -370,7 +370,43 @@ def _non_finite(run_fn: RunFn) -> str:
 ROW_NVML_FIELDS = ("sm_clock_mhz", "mem_clock_mhz", "temperature_c", "power_w", "throttle_reasons")
 
 
-def _row_nvml(snap: dict[str, Any] | None) -> dict[str, Any] | None:
+def timed_row(
+    t: Timing,
+    nbytes: int,
+    flops: int,
+    ceilings: Ceilings | None,
+    nvml_state: tuple[dict[str, Any] | None, dict[str, Any] | None],
+    **ids: Any,
+) -> SweepRow:
+    """The row of one timed (case, implementation, mode): statistics, throughput against the
+    ceilings, NVML before/after and throttle flags; ``ids`` gives case_id, impl, params, mode,
+    repro and any optional SweepRow fields (GPU identity, TP rank)."""
+    before, after = nvml_state
+    throttled, reasons = throttle_flags(before, after)
+    tp = throughput(nbytes, flops, t.median_ms, ceilings)
+    return SweepRow(
+        samples_ms=[round_sig(s) for s in t.samples_ms],
+        median_ms=round_sig(t.stats.median_ms),
+        iqr_ms=round_sig(t.stats.iqr_ms),
+        min_ms=round_sig(t.stats.min_ms),
+        max_ms=round_sig(t.stats.max_ms),
+        bytes=nbytes,
+        flops=flops,
+        floor_ms=None if tp.floor_ms is None else round_sig(tp.floor_ms),
+        pct_of_floor=None if tp.pct_of_floor is None else round_sig(tp.pct_of_floor),
+        bandwidth_gbs=round_sig(tp.bandwidth_gbs),
+        tflops=round_sig(tp.tflops),
+        nvml_before=row_nvml(before),
+        nvml_after=row_nvml(after),
+        throttled=throttled,
+        throttle_reasons=reasons,
+        note=t.note,
+        cold_l2=t.cold_l2,
+        **ids,
+    )
+
+
+def row_nvml(snap: dict[str, Any] | None) -> dict[str, Any] | None:
     return None if snap is None else {k: snap[k] for k in ROW_NVML_FIELDS}
 
 
@@ -396,12 +432,12 @@ def _time_impl(
     nbytes, flops = batches[0].min_bytes(), batches[0].flops()
     try:
         run_fns = [impl.prepare(b) for b in batches]
-        why = next((w for w in map(_non_finite, run_fns) if w), "")
+        why = next((w for w in map(non_finite_reason, run_fns) if w), "")
     except Exception as e:  # an implementation that cannot run this case is a row, not a crash
         why = f"{type(e).__name__}: {e}"
     if why:
         progress.update(len(run.modes))
-        return [_error_row(opts, case, impl.name, m, nbytes, flops, why) for m in run.modes]
+        return [error_row(opts, case, impl.name, m, nbytes, flops, why) for m in run.modes]
     rows = []
     for mode in run.modes:
         progress.set_postfix_str(f"{case.case_id} {impl.name} {mode}", refresh=True)
@@ -411,36 +447,22 @@ def _time_impl(
                 run_fns[0], mode=mode, rotate=run_fns[1:] or None, device=opts.device, **asdict(run.timing)
             )
         except Exception as e:
-            rows.append(_error_row(opts, case, impl.name, mode, nbytes, flops, f"{type(e).__name__}: {e}"))
+            rows.append(error_row(opts, case, impl.name, mode, nbytes, flops, f"{type(e).__name__}: {e}"))
             progress.update(1)
             continue
         after, _ = nvml.snapshot(opts.device)
-        throttled, reasons = throttle_flags(before, after)
-        tp = throughput(nbytes, flops, t.median_ms, ceilings)
         rows.append(
-            SweepRow(
+            timed_row(
+                t,
+                nbytes,
+                flops,
+                ceilings,
+                (before, after),
                 case_id=case.case_id,
                 impl=impl.name,
                 params=case.to_json(),
                 mode=mode,
-                samples_ms=[round_sig(s) for s in t.samples_ms],
-                median_ms=round_sig(t.stats.median_ms),
-                iqr_ms=round_sig(t.stats.iqr_ms),
-                min_ms=round_sig(t.stats.min_ms),
-                max_ms=round_sig(t.stats.max_ms),
-                bytes=nbytes,
-                flops=flops,
-                floor_ms=None if tp.floor_ms is None else round_sig(tp.floor_ms),
-                pct_of_floor=None if tp.pct_of_floor is None else round_sig(tp.pct_of_floor),
-                bandwidth_gbs=round_sig(tp.bandwidth_gbs),
-                tflops=round_sig(tp.tflops),
-                nvml_before=_row_nvml(before),
-                nvml_after=_row_nvml(after),
-                throttled=throttled,
-                throttle_reasons=reasons,
-                note=t.note,
-                repro=_repro(opts, case.case_id, impl.name, mode),
-                cold_l2=t.cold_l2,
+                repro=repro_command(opts, case.case_id, impl.name, mode),
             )
         )
         progress.update(1)
@@ -488,7 +510,7 @@ class _LineProgress:
         print(f"{self.desc}: {self.done}/{self.total} {self.what}, ~{left:.0f} s left", file=sys.stderr)
 
 
-def _progress(total: int, desc: str) -> Any:
+def progress_bar(total: int, desc: str) -> Any:
     try:
         from tqdm import tqdm
     except ImportError:
@@ -536,7 +558,7 @@ def run_sweep(opts: SweepOptions, command: str) -> Results:
     skipped_reference: dict[str, list[str]] = {}
     l2 = l2_bytes_of(device)
     total = sum(len(r.modes) for c in plan for r in c.runs)
-    with _progress(total, f"sweep {opts.grid.name}") as progress:
+    with progress_bar(total, f"sweep {opts.grid.name}") as progress:
         for case in plan:
             batches = [build_batch(case.params, device)]
             sets = rotation_sets(batches[0].min_bytes(), l2) if device.type == "cuda" else 0
@@ -583,7 +605,6 @@ def _csv(value: str | None, allowed: Sequence[str] | None, option: str) -> tuple
 
 
 def main(args: argparse.Namespace) -> int:
-    from harness.report import write_run
 
     try:
         grid = load_grid(args.grid)
@@ -621,19 +642,27 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    command = shlex.join(["python", "-m", "harness", "sweep", *_command_args(args)])
+    command = shlex.join(["python", "-m", "harness", "sweep", *command_args(args)])
     if args.shard is not None:
         lock = shard.worker_lock(device, under_parent=shard.PARENT_ENV in os.environ)
     else:
         lock = exclusive_gpu()
     with lock:
         results = run_sweep(opts, command)
+    return write_sweep_report(results, args.out, grid.name)
+
+
+def write_sweep_report(results: Results, out: str | None, grid_label: str) -> int:
+    """Write the run's report (``out`` or reports/<time>-sweep-<grid>-<gpu>-<sha7>/), list the
+    error rows; exit status 1 if there are any."""
+    from harness.report import write_run  # pandas and jinja2 load only when a report is written
+
     gpu = results.environment.get("gpu") or {}
     out_dir = (
-        Path(args.out)
-        if args.out
+        Path(out)
+        if out
         else REPORTS_DIR
-        / run_dir_name(grid.name, gpu.get("name"), results.git.get("sha"), datetime.now(timezone.utc))
+        / run_dir_name(grid_label, gpu.get("name"), results.git.get("sha"), datetime.now(timezone.utc))
     )
     write_run(results, out_dir)
     errors = [r for r in results.sweep if r.status != "ok"]
@@ -677,7 +706,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
-def _command_args(args: argparse.Namespace) -> list[str]:
+def command_args(args: argparse.Namespace) -> list[str]:
     """The options of this run as a command line (recorded in results.json; compare reads --grid)."""
     out = ["--grid", args.grid]
     for option, value in (

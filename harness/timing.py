@@ -213,7 +213,7 @@ class L2Flush:
         torch.sum(self.buf, dim=0, out=self.sink)
 
 
-class _Sampler:
+class Sampler:
     """Takes samples of a list of calls (one per input set), cycling through them."""
 
     def __init__(self, calls: list[Call], device: torch.device, flush_bytes: int) -> None:
@@ -265,7 +265,7 @@ class _Sampler:
 
 
 @cache
-def _spin_cycles_per_ms(device_index: int) -> float:
+def spin_cycles_per_ms(device_index: int) -> float:
     """Clock cycles of ``torch.cuda._sleep`` per millisecond on this device (calibrated once)."""
     with torch.cuda.device(device_index):
         torch.cuda._sleep(1_000_000)  # first use loads the kernel
@@ -277,7 +277,7 @@ def _spin_cycles_per_ms(device_index: int) -> float:
         return 10_000_000 / start.elapsed_time(end)
 
 
-def _capture(fn: Call, device: torch.device, warmup: int) -> Call:
+def capture_graph(fn: Call, device: torch.device, warmup: int) -> Call:
     """``fn`` captured in a CUDA graph; returns a call that replays it."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
@@ -330,8 +330,8 @@ def measure(
         flush_bytes = int(FLUSH_FACTOR * (l2_bytes or l2_bytes_of(device)))
         cold_l2 = f"flush {flush_bytes / 1e6:.0f} MB" + ("" if device.type == "cuda" else " (host cache)")
     if mode == "graph":
-        calls = [_capture(c, device, warmup) for c in calls]
-    sampler = _Sampler(calls, device, flush_bytes)
+        calls = [capture_graph(c, device, warmup) for c in calls]
+    sampler = Sampler(calls, device, flush_bytes)
 
     # every input set is touched at least once before timing (first-use allocations)
     host_ms = [sampler.untimed() for _ in range(max(warmup, len(calls), 1))]
@@ -339,7 +339,7 @@ def measure(
         torch.cuda.synchronize(device)
         spin_ms = min(statistics.median(host_ms), MAX_SPIN_MS)
         index = device.index if device.index is not None else torch.cuda.current_device()
-        sampler.spin_cycles = int(spin_ms * _spin_cycles_per_ms(index))
+        sampler.spin_cycles = int(spin_ms * spin_cycles_per_ms(index))
 
     samples = sampler.samples(min(PILOT_SAMPLES, max_samples))
     # a call below the clock's resolution reads as 0 ms: it is fast, not free
