@@ -1,0 +1,57 @@
+"""The sm_90/sm_120 resource gate (kernel/ptxas_check.py) parses ptxas's report and can fail."""
+
+from __future__ import annotations
+
+from kernel.ptxas_check import ARCHS, CONFIG_TAG, check, parse_ptxas
+
+CONFIGS = {
+    "large": {"rows_per_cta": 64, "block_n": 32, "stages": 2, "threads": 256, "dynamic_smem_bytes": 155136},
+    "small": {"rows_per_cta": 32, "block_n": 16, "stages": 3, "threads": 128, "dynamic_smem_bytes": 95232},
+}
+
+
+def report(regs: int = 240, spill: int = 0, stack: int = 0, static_smem: int = 0) -> str:
+    lines = []
+    for arch in ARCHS:
+        for tag in CONFIG_TAG.values():
+            lines += [
+                f"ptxas info    : Compiling entry function '_ZN2va23verify_attention_kernelINS_6{tag}EEEvNS_6ParamsE' "
+                f"for '{arch}'",
+                f"ptxas info    : Function properties for _ZN2va23verify_attention_kernel{tag}",
+                f"    {stack} bytes stack frame, {spill} bytes spill stores, {spill} bytes spill loads",
+                f"ptxas info    : Used {regs} registers, used 1 barriers"
+                + (f", {static_smem} bytes smem" if static_smem else ""),
+            ]
+    return "\n".join(lines)
+
+
+def test_a_clean_report_passes() -> None:
+    kernels = parse_ptxas(report())
+    assert len(kernels) == len(ARCHS) * len(CONFIG_TAG)
+    assert check(kernels, CONFIGS) == []
+
+
+def test_spills_fail() -> None:
+    problems = check(parse_ptxas(report(spill=16)), CONFIGS)
+    assert problems and all("spills 16 B" in p for p in problems)
+
+
+def test_a_stack_frame_fails() -> None:
+    assert any("stack frame" in p for p in check(parse_ptxas(report(stack=32)), CONFIGS))
+
+
+def test_shared_memory_over_the_sm120_limit_fails() -> None:
+    # 95232 B dynamic + 8 KB static exceeds sm_120's 99 KB opt-in limit for the config it picks there
+    problems = check(parse_ptxas(report(static_smem=8192)), CONFIGS)
+    assert any(p.startswith("sm_120: config 'small'") for p in problems)
+
+
+def test_registers_beyond_the_register_file_fail() -> None:
+    # 256 threads x 256 registers is exactly the 64K register file; 512 threads x 255 is not
+    assert check(parse_ptxas(report(regs=256)), CONFIGS) == []
+    too_many = {**CONFIGS, "large": {**CONFIGS["large"], "threads": 512}}
+    assert any("registers" in p for p in check(parse_ptxas(report(regs=255)), too_many))
+
+
+def test_a_missing_kernel_is_reported() -> None:
+    assert any("no main kernel found" in p for p in check([], CONFIGS))
