@@ -1,4 +1,6 @@
 // Launchers for the verify-attention kernels (torch-free).
+#include <atomic>
+
 #include "verify_attention.cuh"
 #include "verify_attention.h"
 
@@ -62,13 +64,17 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream) {
   p.min_split_tiles = (kMinSplitKeys + Cfg::kBlockN - 1) / Cfg::kBlockN;
 
   // Raising the dynamic shared-memory limit is not a stream operation, so it is legal during
-  // graph capture; it is cheap, but done once per process and config all the same.
-  static bool smem_set = false;
-  if (!smem_set) {
-    cudaError_t e = cudaFuncSetAttribute(verify_attention_kernel<Cfg>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  // graph capture. It is a per-device setting: done once per process, config and device.
+  static std::atomic<uint64_t> smem_set_on{0};  // bit d: set on device d (devices 0..63)
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (bit == 0 || !(smem_set_on.load(std::memory_order_relaxed) & bit)) {
+    e = cudaFuncSetAttribute(verify_attention_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             Cfg::kSmemBytes);
     if (e != cudaSuccess) return e;
-    smem_set = true;
+    smem_set_on.fetch_or(bit, std::memory_order_relaxed);
   }
   plan_kernel<Cfg><<<1, kPlanThreads, 0, stream>>>(p);
   verify_attention_kernel<Cfg><<<plan.max_items, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
