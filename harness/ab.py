@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import inspect
 import math
 import shlex
 import shutil
@@ -68,9 +67,10 @@ from typing import Any
 import torch
 
 from harness import compare
-from harness.batch import V_DIM, VerifyBatch
+from harness.batch import VerifyBatch
 from harness.cases import build_batch
 from harness.env import environment, git_info
+from harness.impl_kernel import kernel_call
 from harness.registry import RunFn
 from harness.results import Results, SweepRow, write_results
 from harness.sweep import GridError, PlannedCase, TimingPolicy, load_grid, with_speedups
@@ -150,35 +150,6 @@ def import_package_as(name: str, package_dir: Path) -> ModuleType:
 
 # ---------------------------------------------------------------------------------------------
 # Calls and interleaved timing
-
-
-def kernel_call(module: ModuleType, batch: VerifyBatch) -> RunFn:
-    """A zero-argument call of ``module.verify_attention`` on ``batch`` (see the docstring)."""
-    tree_mask, tree_mask_indptr = module.pack_parents(batch.parents)
-    args = (
-        batch.q,
-        batch.kv_cache,
-        batch.kv_indices,
-        batch.qo_indptr,
-        batch.kv_indptr,
-        tree_mask.to(batch.device),
-        tree_mask_indptr.to(batch.device),
-        batch.sm_scale,
-    )
-    accepted = inspect.signature(module.verify_attention).parameters
-    kwargs: dict[str, Any] = {}
-    if "out" in accepted and "lse" in accepted:
-        n, h = batch.q.shape[0], batch.num_heads
-        kwargs["out"] = torch.empty(n, h, V_DIM, dtype=torch.bfloat16, device=batch.device)
-        kwargs["lse"] = torch.empty(n, h, dtype=torch.float32, device=batch.device)
-    module.verify_attention(*args, **kwargs)  # validates with the revision's defaults
-    if "validate" in accepted:
-        kwargs["validate"] = False
-
-    def run() -> tuple[torch.Tensor, torch.Tensor | None]:
-        return module.verify_attention(*args, **kwargs)
-
-    return run
 
 
 def delayed(run_fn: RunFn, sleep_cycles: int) -> RunFn:

@@ -67,6 +67,30 @@ class VerifyBatch:
             sm_scale=self.sm_scale,
         )
 
+    def host_indptrs(self) -> tuple[list[int], list[int]]:
+        """(qo_indptr, kv_indptr) on the host, checked against q, prefix_lens and the trees."""
+        qo = [int(x) for x in self.qo_indptr.cpu()]
+        kv = [int(x) for x in self.kv_indptr.cpu()]
+        if len(qo) != self.batch_size + 1 or len(kv) != self.batch_size + 1:
+            raise ValueError(
+                f"qo_indptr has {len(qo)} and kv_indptr {len(kv)} entries, expected B + 1 = {self.batch_size + 1}"
+            )
+        if self.q.dim() != 3 or self.q.shape[2] != QK_DIM or qo[-1] != self.q.shape[0]:
+            raise ValueError(
+                f"q has shape {tuple(self.q.shape)}, expected [qo_indptr[-1] = {qo[-1]}, H, {QK_DIM}]"
+            )
+        for b, (p, parents) in enumerate(zip(self.prefix_lens, self.parents, strict=True)):
+            t = len(parents)
+            if qo[b + 1] - qo[b] != t:
+                raise ValueError(
+                    f"request {b}: qo_indptr gives {qo[b + 1] - qo[b]} queries, its tree has {t} nodes"
+                )
+            if kv[b + 1] - kv[b] != p + t:
+                raise ValueError(
+                    f"request {b}: kv_indptr gives {kv[b + 1] - kv[b]} keys, expected P + T = {p} + {t}"
+                )
+        return qo, kv
+
     def kv_bytes(self) -> int:
         """Bytes of KV rows read once: every referenced row, 576 bf16 each."""
         return int(self.kv_indices.numel()) * QK_DIM * 2

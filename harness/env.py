@@ -64,14 +64,18 @@ def git_info() -> dict[str, Any]:
 
 def _build_flags(device: torch.device) -> dict[str, Any] | None:
     """What the kernel extension says about its build (``build_info()``) and the archs and
-    flags it was compiled with, where the kernel package exposes them."""
+    flags it was compiled with, where the kernel package exposes them. Recording a run's
+    environment never builds the kernel: a run that did not use it (``--impls oracle``) says so."""
     if device.type != "cuda":
         return None
     try:
         import kernel
 
         flags: dict[str, Any] = {}
-        info = getattr(kernel.load_extension(), "build_info", None)
+        ext = kernel.build.loaded_extension()
+        if ext is None:
+            return {"build_info": "the kernel extension was not loaded in this run"}
+        info = getattr(ext, "build_info", None)
         if info is not None:
             value = info()
             flags.update(value if isinstance(value, dict) else {"build_info": str(value)})

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
+from types import ModuleType
+from typing import Any
+
 import torch
 
-from harness.batch import VerifyBatch
+from harness.batch import V_DIM, VerifyBatch
 from harness.registry import Implementation, RunFn, register
 
 NAME = "verify-attn-cuda"
@@ -20,31 +24,51 @@ def _availability(device: torch.device) -> tuple[bool, str]:
     return True, ""
 
 
-def prepare(batch: VerifyBatch, config: str = "auto") -> RunFn:
-    """Packs the tree once, validates once, and returns the call (no host sync inside it)."""
-    import kernel
+def kernel_call(module: ModuleType, batch: VerifyBatch, config: str | None = None) -> RunFn:
+    """A zero-argument call of ``module.verify_attention`` on ``batch``: the tree is packed and
+    the outputs allocated once, one validated call is made up front (bad inputs fail here with a
+    named argument, not in a timed loop), and the returned call skips the host-side checks.
 
-    tree_mask, tree_mask_indptr = kernel.pack_parents(batch.parents)
-    tree_mask = tree_mask.to(batch.device)
-    tree_mask_indptr = tree_mask_indptr.to(batch.device)
+    ``module`` is this checkout's ``kernel`` package or another revision's (an A/B run), so the
+    call passes only the keywords that revision's ``verify_attention`` accepts: an older one may
+    lack ``out``/``lse``/``validate``/``config``.
+    """
+    tree_mask, tree_mask_indptr = module.pack_parents(batch.parents)
     args = (
         batch.q,
         batch.kv_cache,
         batch.kv_indices,
         batch.qo_indptr,
         batch.kv_indptr,
-        tree_mask,
-        tree_mask_indptr,
+        tree_mask.to(batch.device),
+        tree_mask_indptr.to(batch.device),
+        batch.sm_scale,
     )
-    out = torch.empty(batch.q.shape[0], batch.num_heads, 512, dtype=torch.bfloat16, device=batch.device)
-    lse = torch.empty(batch.q.shape[0], batch.num_heads, dtype=torch.float32, device=batch.device)
-    # One validated call up front: bad inputs fail here with a named argument, not in a timed loop.
-    kernel.verify_attention(*args, batch.sm_scale, out=out, lse=lse, validate=True, config=config)
+    accepted = inspect.signature(module.verify_attention).parameters
+    kwargs: dict[str, Any] = {}
+    if "out" in accepted and "lse" in accepted:
+        n, h = batch.q.shape[0], batch.num_heads
+        kwargs["out"] = torch.empty(n, h, V_DIM, dtype=torch.bfloat16, device=batch.device)
+        kwargs["lse"] = torch.empty(n, h, dtype=torch.float32, device=batch.device)
+    if config is not None:
+        if "config" not in accepted:
+            raise ValueError(f"this kernel revision has no config option (asked for config={config!r})")
+        kwargs["config"] = config
+    module.verify_attention(*args, **kwargs)  # validates with the revision's defaults
+    if "validate" in accepted:
+        kwargs["validate"] = False
 
     def run() -> tuple[torch.Tensor, torch.Tensor | None]:
-        return kernel.verify_attention(*args, batch.sm_scale, out=out, lse=lse, validate=False, config=config)
+        return module.verify_attention(*args, **kwargs)
 
     return run
+
+
+def prepare(batch: VerifyBatch, config: str = "auto") -> RunFn:
+    """This checkout's kernel on ``batch`` (see :func:`kernel_call`)."""
+    import kernel
+
+    return kernel_call(kernel, batch, config)
 
 
 register(

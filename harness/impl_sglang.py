@@ -122,34 +122,13 @@ class SglangVerifyArgs:
         }
 
 
-def _checked_kv_indptr(batch: VerifyBatch) -> list[int]:
-    """kv_indptr on the host, after checking both indptrs against the batch's P_b and T_b."""
-    qo = batch.qo_indptr.tolist()
-    kv = batch.kv_indptr.tolist()
-    b = batch.batch_size
-    if len(qo) != b + 1 or len(kv) != b + 1:
-        raise ValueError(
-            f"qo_indptr and kv_indptr must have batch_size + 1 = {b + 1} entries, got {len(qo)} and {len(kv)}"
-        )
-    for i, (p, t) in enumerate(zip(batch.prefix_lens, batch.num_draft, strict=True)):
-        if qo[i + 1] - qo[i] != t:
-            raise ValueError(
-                f"qo_indptr[{i + 1}] - qo_indptr[{i}] = {qo[i + 1] - qo[i]}, expected T_{i} = {t}"
-            )
-        if kv[i + 1] - kv[i] != p + t:
-            raise ValueError(
-                f"kv_indptr[{i + 1}] - kv_indptr[{i}] = {kv[i + 1] - kv[i]}, expected P_{i} + T_{i} = {p + t}"
-            )
-    return kv
-
-
 def sglang_verify_args(batch: VerifyBatch) -> SglangVerifyArgs:
     """The arguments SGLang's Triton backend passes for this verify step (module docstring)."""
     if batch.q.dtype != batch.kv_cache.dtype:
         raise ValueError(
             f"q is {batch.q.dtype} but kv_cache is {batch.kv_cache.dtype}; the kernel takes one dtype"
         )
-    kv = _checked_kv_indptr(batch)
+    _, kv = batch.host_indptrs()
     device = batch.device
     prefix_pos = [torch.arange(kv[b], kv[b] + p) for b, p in enumerate(batch.prefix_lens)]
     draft_pos = [torch.arange(kv[b] + p, kv[b + 1]) for b, p in enumerate(batch.prefix_lens)]

@@ -19,30 +19,6 @@ from harness import tree
 from harness.batch import QK_DIM, V_DIM, VerifyBatch
 
 
-def _check(batch: VerifyBatch) -> tuple[list[int], list[int]]:
-    qo = [int(x) for x in batch.qo_indptr.cpu()]
-    kv = [int(x) for x in batch.kv_indptr.cpu()]
-    if len(qo) != batch.batch_size + 1 or len(kv) != batch.batch_size + 1:
-        raise ValueError(
-            f"qo_indptr has {len(qo)} and kv_indptr {len(kv)} entries, expected B + 1 = {batch.batch_size + 1}"
-        )
-    if batch.q.dim() != 3 or batch.q.shape[2] != QK_DIM or qo[-1] != batch.q.shape[0]:
-        raise ValueError(
-            f"q has shape {tuple(batch.q.shape)}, expected [qo_indptr[-1] = {qo[-1]}, H, {QK_DIM}]"
-        )
-    for b, (p, parents) in enumerate(zip(batch.prefix_lens, batch.parents, strict=True)):
-        t = len(parents)
-        if qo[b + 1] - qo[b] != t:
-            raise ValueError(
-                f"request {b}: qo_indptr gives {qo[b + 1] - qo[b]} queries, its tree has {t} nodes"
-            )
-        if kv[b + 1] - kv[b] != p + t:
-            raise ValueError(
-                f"request {b}: kv_indptr gives {kv[b + 1] - kv[b]} keys, expected P + T = {p} + {t}"
-            )
-    return qo, kv
-
-
 def reference(
     batch: VerifyBatch,
     *,
@@ -56,7 +32,7 @@ def reference(
     """
     if chunk < 1:
         raise ValueError(f"chunk = {chunk}; expected >= 1")
-    qo, kv = _check(batch)
+    qo, kv = batch.host_indptrs()
     device = batch.device
     q = batch.q.to(torch.float64)
     n, h = q.shape[0], q.shape[1]

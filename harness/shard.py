@@ -393,6 +393,24 @@ def _merged_notes(parts: Sequence[Part], first: str) -> list[str]:
     return _unique(notes + [n for p in parts for n in p.results.notes])
 
 
+def _merged_results(
+    parts: Sequence[Part], rows: list[SweepRow], note: str, created_utc: str, command: str
+) -> Results:
+    """One sweep Results from the workers' or ranks' parts: their rows, every GPU's environment and
+    ceilings, the union of unavailable implementations, and the notes plus ``note``."""
+    return Results(
+        kind="sweep",
+        created_utc=created_utc,
+        command=command,
+        git=parts[0].results.git,
+        environment=merged_environment(parts),
+        ceilings=merged_ceilings(parts),
+        sweep=rows,
+        unavailable=_unique([u for p in parts for u in p.results.unavailable]),
+        notes=_merged_notes(parts, note),
+    )
+
+
 def merge_shards(
     parts: Sequence[Part], case_order: Sequence[str], *, command: str, created_utc: str
 ) -> Results:
@@ -407,17 +425,7 @@ def merge_shards(
         f"sharded over {len(parts)} workers ({', '.join(_slot_text(p.slot) for p in parts)}), one process "
         "per GPU; each case ran whole on one GPU (rows: gpu_index, gpu_uuid)"
     )
-    return Results(
-        kind="sweep",
-        created_utc=created_utc,
-        command=command,
-        git=parts[0].results.git,
-        environment=merged_environment(parts),
-        ceilings=merged_ceilings(parts),
-        sweep=rows,
-        unavailable=_unique([u for p in parts for u in p.results.unavailable]),
-        notes=_merged_notes(parts, note),
-    )
+    return _merged_results(parts, rows, note, created_utc, command)
 
 
 def tp_case_id(case_id: str, size: int) -> str:
@@ -529,17 +537,7 @@ def merge_tp(parts: Sequence[Part], *, size: int, command: str, created_utc: str
         f"rounds started together; <case>-tp{size} rows are the step (the slowest rank per round), "
         f"<case>-tp{size}-rank<r> rows each rank's own samples"
     )
-    return Results(
-        kind="sweep",
-        created_utc=created_utc,
-        command=command,
-        git=parts[0].results.git,
-        environment=merged_environment(parts),
-        ceilings=merged_ceilings(parts),
-        sweep=with_speedups(rows),
-        unavailable=_unique([u for p in parts for u in p.results.unavailable]),
-        notes=_merged_notes(parts, note),
-    )
+    return _merged_results(parts, with_speedups(rows), note, created_utc, command)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -734,7 +732,6 @@ def run_rank(spec: TpSpec, rank: int, coll: Collective) -> Results:
             f"rank {rank}: the ranks planned different cases (implementations available on some GPUs "
             f"only?); this rank has {sorted(impls)}"
         )
-    env = environment(device)
     snap, reason = nvml.snapshot(device)
     if snap is None:
         notes.append(f"no NVML state recorded: {reason}")
@@ -782,7 +779,7 @@ def run_rank(spec: TpSpec, rank: int, coll: Collective) -> Results:
         created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         command=spec.command,
         git=git_info(),
-        environment=env,
+        environment=environment(device),  # after the runs: the kernel's build is known then
         ceilings=None if ceilings is None else ceilings.to_json(),
         sweep=rows,
         unavailable=unavailable,

@@ -544,7 +544,6 @@ def run_sweep(opts: SweepOptions, command: str) -> Results:
         for c in plan
     ]
 
-    env = environment(device)
     snap, reason = nvml.snapshot(device)
     if snap is None:
         notes.append(f"no NVML state recorded: {reason}")
@@ -584,7 +583,7 @@ def run_sweep(opts: SweepOptions, command: str) -> Results:
         created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         command=command,
         git=git_info(),
-        environment=env,
+        environment=environment(device),  # after the runs: the kernel's build is known then
         ceilings=None if ceilings is None else ceilings.to_json(),
         sweep=with_speedups(rows),
         unavailable=unavailable,

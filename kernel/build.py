@@ -89,7 +89,6 @@ def load_extension(verbose: bool = False) -> ModuleType:
     return _loaded
 
 
-def build_flags() -> dict[str, object]:
-    """What a report records about the build."""
-    archs = os.environ.get("VERIFY_ATTN_ARCHS", "")
-    return {"cuda_flags": list(cuda_flags()), "cxx_flags": list(CXX_FLAGS), "archs_env": archs}
+def loaded_extension() -> ModuleType | None:
+    """The extension if this process has built or loaded it, else None (never builds)."""
+    return _loaded
