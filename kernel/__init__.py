@@ -60,8 +60,10 @@ def verify_attention(
                           the indptrs and the tree mask to the host (a sync), so it is skipped while
                           the stream is captured into a CUDA graph; pass False in hot loops once the
                           inputs are known good. Shape, dtype and device checks always run.
-        config:           "auto" (by the device's shared memory), "large" (M=64, 151 KB shared
-                          memory per block: sm_80/sm_90/sm_100) or "small" (M=32, 93 KB: sm_120).
+        config:           "auto" (wgmma on H100/H200 when built for sm_90a, else by the device's
+                          shared memory), "wgmma" (sm_90a warpgroup MMA: M=64, 64-key tiles, 226 KB
+                          shared memory per block), "large" (mma.sync, M=64, 151 KB: sm_80/sm_90/
+                          sm_100) or "small" (mma.sync, M=32, 93 KB: sm_120).
 
     Returns:
         (out [N, H, 512] bf16, lse [N, H] fp32): lse is the natural log of each row's softmax
@@ -90,4 +92,4 @@ def verify_attention(
     return out, lse
 
 
-_CONFIGS = {"auto": 0, "large": 1, "small": 2}
+_CONFIGS = {"auto": 0, "large": 1, "small": 2, "wgmma": 3}

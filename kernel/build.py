@@ -8,7 +8,9 @@ Tuning builds: ``$VERIFY_ATTN_EXTRA_CUDA_FLAGS`` (e.g. ``-DVA_QK_SPLIT=4``) is a
 flags and is part of the hash, so variants coexist.
 
 Target archs: ``$VERIFY_ATTN_ARCHS`` (e.g. ``"9.0;12.0"``), else the current GPU's compute
-capability. ``python -m kernel.ptxas_check`` compiles the kernels for sm_90 and sm_120 on any
+capability. Compute capability 9.0 is built as ``9.0a`` (the arch-specific target that has wgmma):
+an sm_90a binary runs on exactly the GPUs an sm_90 one does (H100/H200), and the build then
+defines ``VA_HAVE_SM90A`` so the launcher may pick the wgmma kernel. ``python -m kernel.ptxas_check`` compiles the kernels for sm_90 and sm_120 on any
 machine with nvcc, without a GPU.
 """
 
@@ -21,7 +23,7 @@ from types import ModuleType
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("binding.cpp", "verify_attention.cu")
-HEADERS = ("verify_attention.cuh", "verify_attention.h", "messages.h")
+HEADERS = ("verify_attention.cuh", "verify_attention_sm90.cuh", "verify_attention.h", "messages.h")
 CUDA_FLAGS = ("-O3", "-std=c++17", "--use_fast_math", "-lineinfo")
 CXX_FLAGS = ("-O3", "-std=c++17")
 
@@ -31,7 +33,7 @@ _loaded: ModuleType | None = None
 def target_archs() -> str:
     env = os.environ.get("VERIFY_ATTN_ARCHS")
     if env:
-        return env
+        return with_sm90a(env)
     import torch
 
     if not torch.cuda.is_available():
@@ -39,11 +41,17 @@ def target_archs() -> str:
             "no CUDA device to build for: set VERIFY_ATTN_ARCHS (e.g. '9.0;12.0') to build without one"
         )
     major, minor = torch.cuda.get_device_capability()
-    return f"{major}.{minor}"
+    return with_sm90a(f"{major}.{minor}")
 
 
-def cuda_flags() -> tuple[str, ...]:
-    return CUDA_FLAGS + tuple(os.environ.get("VERIFY_ATTN_EXTRA_CUDA_FLAGS", "").split())
+def with_sm90a(archs: str) -> str:
+    """``9.0`` -> ``9.0a`` in a ``;``-separated arch list (other entries unchanged)."""
+    return ";".join("9.0a" if a.strip() == "9.0" else a.strip() for a in archs.split(";") if a.strip())
+
+
+def cuda_flags(archs: str = "") -> tuple[str, ...]:
+    extra = ("-DVA_HAVE_SM90A",) if "9.0a" in archs.split(";") else ()
+    return CUDA_FLAGS + extra + tuple(os.environ.get("VERIFY_ATTN_EXTRA_CUDA_FLAGS", "").split())
 
 
 def source_hash(archs: str) -> str:
@@ -52,7 +60,7 @@ def source_hash(archs: str) -> str:
         h.update(name.encode())
         h.update((CSRC / name).read_bytes())
     h.update(archs.encode())
-    h.update(" ".join(cuda_flags() + CXX_FLAGS).encode())
+    h.update(" ".join(cuda_flags(archs) + CXX_FLAGS).encode())
     return h.hexdigest()[:16]
 
 
@@ -76,7 +84,7 @@ def load_extension(verbose: bool = False) -> ModuleType:
             name=name,
             sources=[str(CSRC / s) for s in SOURCES],
             extra_cflags=list(CXX_FLAGS),
-            extra_cuda_cflags=list(cuda_flags()),
+            extra_cuda_cflags=list(cuda_flags(archs)),
             extra_include_paths=[str(CSRC)],
             build_directory=str(build_dir),
             verbose=verbose,

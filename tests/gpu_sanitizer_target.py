@@ -1,7 +1,7 @@
 """Workload for compute-sanitizer (run by tests/test_kernel_sanitizer.py, not collected by pytest).
 
 Runs the kernel on the smoke bundle and on a small random ragged batch with a NaN-filled,
-shuffled pool, in both tile configs, so memcheck sees every gather, mask and combine path and
+shuffled pool, in every tile config the GPU runs, so memcheck sees every gather, mask and combine path and
 racecheck sees the shared-memory exchanges between warps.
 """
 
@@ -24,7 +24,10 @@ from harness import bundles  # noqa: E402
 def main() -> int:
     smoke = bundles.to_batch(bundles.load("smoke"), "cuda")
     small = random_batch(random.Random(99), torch.device("cuda"), work_cap=3e5)
-    for config in ("large", "small"):
+    configs = (
+        ("wgmma", "large", "small") if torch.cuda.get_device_capability() == (9, 0) else ("large", "small")
+    )
+    for config in configs:
         for batch in (smoke, small):
             out, lse = run_kernel(batch, config=config)
             torch.cuda.synchronize()

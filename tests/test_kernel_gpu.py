@@ -123,10 +123,17 @@ def describe(batch: VerifyBatch) -> str:
     return f"B{batch.batch_size}-P{list(batch.prefix_lens)}-T{list(batch.num_draft)}-H{batch.num_heads}"
 
 
-@pytest.mark.parametrize("config", ["auto", "small"])
+def _needs_config(config: str) -> None:
+    if config == "wgmma" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma config runs only on compute capability 9.0 (H100/H200)")
+
+
+@pytest.mark.parametrize("config", ["auto", "wgmma", "large", "small"])
 def test_fuzz_against_oracle(config: str) -> None:
-    """160 random batches per config (320 in all); 'small' is the sm_120 tile config run here."""
-    rng = random.Random(1234 if config == "auto" else 4321)
+    """160 random batches per config; 'auto' is wgmma on an H100/H200 and mma.sync elsewhere,
+    'small' is the sm_120 tile config run here."""
+    _needs_config(config)
+    rng = random.Random({"auto": 1234, "wgmma": 5678, "large": 8765, "small": 4321}[config])
     device = torch.device("cuda")
     for i in range(160):
         batch = random_batch(rng, device)
@@ -295,10 +302,11 @@ def test_bad_config_name_is_refused() -> None:
         kernel.verify_attention(**_good(), config="huge")
 
 
-@pytest.mark.parametrize("config", ["large", "small"])
+@pytest.mark.parametrize("config", ["wgmma", "large", "small"])
 @pytest.mark.parametrize("name", ["smoke", "ddtree", "ragged", "kimi-k2-tp8", "two-long", "deepseek-v3-200k"])
 def test_parity_on_bundle(name: str, config: str) -> None:
-    """Numeric and token-exact parity on every canonical bundle, in both tile configs."""
+    """Numeric and token-exact parity on every canonical bundle, in every tile config."""
+    _needs_config(config)
     from harness import bundles, parity
     from harness.impl_kernel import NAME, prepare
 

@@ -129,7 +129,7 @@ std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& 
   VA_CHECK(N * H <= int_max, "num_tokens * num_heads = ", N * H, " exceeds the supported 2^31 - 1 rows");
   VA_CHECK(kv_indices.numel() <= int_max, "kv_indices has ", kv_indices.numel(), " entries; at most 2^31 - 1");
   VA_CHECK(std::isfinite(sm_scale) && sm_scale > 0, "sm_scale must be a finite positive number, got ", sm_scale);
-  VA_CHECK(config >= 0 && config <= 2, "config must be 0 (auto), 1 (large) or 2 (small), got ", config);
+  VA_CHECK(config >= 0 && config <= 3, "config must be 0 (auto), 1 (large), 2 (small) or 3 (wgmma), got ", config);
 
   at::Tensor out = out_opt.has_value() ? *out_opt : at::empty({N, H, kVDim}, q.options());
   at::Tensor lse = lse_opt.has_value() ? *lse_opt : at::empty({N, H}, q.options().dtype(at::kFloat));
@@ -148,6 +148,9 @@ std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& 
   va::Plan plan{};
   cudaError_t e = va::make_plan(device.index(), static_cast<int>(B), static_cast<int>(N), static_cast<int>(H),
                                 static_cast<int>(config), static_cast<int>(max_partials), &plan);
+  VA_CHECK(e != cudaErrorNotSupported, "config 3 (wgmma) needs a compute capability 9.0 GPU (H100/H200) and a ",
+           "build for sm_90a; this build ", va::wgmma_built() ? "has" : "lacks", " sm_90a code and ", device,
+           " is not such a GPU or lacks the shared memory");
   VA_CHECK(e != cudaErrorInvalidValue, "config ", config, " needs ", va::config_smem_bytes(static_cast<int>(config)),
               " bytes of shared memory per block, more than ", device, " allows");
   C10_CUDA_CHECK(e);

@@ -1,7 +1,7 @@
 // Host program: prints the tile configurations' launch resources as JSON (no GPU needed).
 #include <cstdio>
 
-#include "verify_attention.cuh"
+#include "verify_attention_sm90.cuh"
 
 template <class Cfg>
 void print(const char* name, bool last) {
@@ -13,7 +13,8 @@ void print(const char* name, bool last) {
 int main() {
   std::printf("{\n");
   print<va::ConfigLarge>("large", false);
-  print<va::ConfigSmall>("small", true);
+  print<va::ConfigSmall>("small", false);
+  print<va::ConfigWgmma>("wgmma", true);
   std::printf("}\n");
   return 0;
 }

@@ -2,6 +2,7 @@
 #include <atomic>
 
 #include "verify_attention.cuh"
+#include "verify_attention_sm90.cuh"
 #include "verify_attention.h"
 
 namespace va {
@@ -33,8 +34,10 @@ void fill_plan(int batch, int num_tokens, int num_heads, int max_partials, int c
   plan->workspace_bytes = workspace_bytes<Cfg>(batch, max_partials);
 }
 
+using MainKernel = void (*)(Params);
+
 template <class Cfg>
-cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream) {
+cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, MainKernel main_kernel) {
   Params p{};
   p.q = static_cast<const __nv_bfloat16*>(a.q);
   p.kv = static_cast<const __nv_bfloat16*>(a.kv);
@@ -65,19 +68,20 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream) {
 
   // Raising the dynamic shared-memory limit is not a stream operation, so it is legal during
   // graph capture. It is a per-device setting: done once per process, config and device.
+  // (A function-local static per instantiation: one bitmask per config.)
   static std::atomic<uint64_t> smem_set_on{0};  // bit d: set on device d (devices 0..63)
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return e;
   const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
   if (bit == 0 || !(smem_set_on.load(std::memory_order_relaxed) & bit)) {
-    e = cudaFuncSetAttribute(verify_attention_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    e = cudaFuncSetAttribute(main_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              Cfg::kSmemBytes);
     if (e != cudaSuccess) return e;
     smem_set_on.fetch_or(bit, std::memory_order_relaxed);
   }
   plan_kernel<Cfg><<<1, kPlanThreads, 0, stream>>>(p);
-  verify_attention_kernel<Cfg><<<plan.max_items, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  main_kernel<<<plan.max_items, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   const int rows = a.num_tokens * a.num_heads;
   combine_kernel<Cfg><<<(rows + kCombineWarps - 1) / kCombineWarps, kCombineWarps * 32, 0, stream>>>(p, rows);
   return cudaGetLastError();
@@ -86,34 +90,60 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream) {
 }  // namespace
 
 int config_smem_bytes(int config) {
+  if (config == kConfigWgmma) return ConfigWgmma::kSmemBytes;
   return config == kConfigSmall ? ConfigSmall::kSmemBytes : ConfigLarge::kSmemBytes;
+}
+
+bool wgmma_built() {
+#ifdef VA_HAVE_SM90A
+  return true;
+#else
+  return false;
+#endif
 }
 
 cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int config, int max_partials,
                       Plan* plan) {
-  int smem_optin = 0, sms = 0;
+  int smem_optin = 0, sms = 0, major = 0, minor = 0;
   cudaError_t e = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (e != cudaSuccess) return e;
   e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (e != cudaSuccess) return e;
-  if (config == kConfigAuto) config = smem_optin >= ConfigLarge::kSmemBytes ? kConfigLarge : kConfigSmall;
+  e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (e != cudaSuccess) return e;
+  e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (e != cudaSuccess) return e;
+  // wgmma needs an sm_90a build running on a compute capability 9.0 device.
+  const bool wgmma_ok = wgmma_built() && major == 9 && minor == 0 && smem_optin >= ConfigWgmma::kSmemBytes;
+  if (config == kConfigAuto) {
+    config = wgmma_ok ? kConfigWgmma : smem_optin >= ConfigLarge::kSmemBytes ? kConfigLarge : kConfigSmall;
+  }
+  if (config == kConfigWgmma && !wgmma_ok) return cudaErrorNotSupported;
   if (smem_optin < config_smem_bytes(config)) return cudaErrorInvalidValue;
   // One CTA per SM fits (shared memory bound), so about one wave of work items.
   if (max_partials <= 0) max_partials = sms;
-  if (config == kConfigLarge) fill_plan<ConfigLarge>(batch, num_tokens, num_heads, max_partials, config, plan);
+  if (config == kConfigWgmma) fill_plan<ConfigWgmma>(batch, num_tokens, num_heads, max_partials, config, plan);
+  else if (config == kConfigLarge) fill_plan<ConfigLarge>(batch, num_tokens, num_heads, max_partials, config, plan);
   else fill_plan<ConfigSmall>(batch, num_tokens, num_heads, max_partials, config, plan);
   return cudaSuccess;
 }
 
 cudaError_t launch(const Args& args, const Plan& plan, cudaStream_t stream) {
-  if (plan.config == kConfigLarge) return launch_impl<ConfigLarge>(args, plan, stream);
-  return launch_impl<ConfigSmall>(args, plan, stream);
+  if (plan.config == kConfigWgmma)
+    return launch_impl<ConfigWgmma>(args, plan, stream, verify_attention_wgmma_kernel<ConfigWgmma>);
+  if (plan.config == kConfigLarge)
+    return launch_impl<ConfigLarge>(args, plan, stream, verify_attention_kernel<ConfigLarge>);
+  return launch_impl<ConfigSmall>(args, plan, stream, verify_attention_kernel<ConfigSmall>);
 }
 
 const char* build_info() {
 #define VA_STR2(x) #x
 #define VA_STR(x) VA_STR2(x)
-  return "mma.sync m16n8k16 bf16; large: M=64 BN=32 stages=2 (8 warps); small: M=32 BN=16 stages=3 "
+  return "wgmma (sm_90a): M=64 BN=64 stages=2 (2 warpgroups)"
+#ifndef VA_HAVE_SM90A
+         " [not in this build]"
+#endif
+         "; mma.sync m16n8k16 bf16: large M=64 BN=32 stages=2 (8 warps), small M=32 BN=16 stages=3 "
          "(4 warps); nvcc " VA_STR(__CUDACC_VER_MAJOR__) "." VA_STR(__CUDACC_VER_MINOR__);
 }
 

@@ -263,6 +263,112 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(Params p) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Shared by the main kernels (mma.sync and wgmma): which work item a CTA runs, which keys a row
+// sees, and how a finished row tile is written.
+// ---------------------------------------------------------------------------------------------
+struct WorkItem {
+  int b;             // request
+  int local;         // item index within the request: split * row_tiles + row_tile
+  int num_draft;     // T_b
+  int kv_begin;      // this split's keys: [kv_begin, kv_end) (global kv_indices positions)
+  int kv_end;
+  int draft_begin;   // global position of the request's first draft token
+  int num_splits;
+  int row0;          // first row of the tile within the request ((token, head) pairs, token-major)
+  int valid_rows;    // rows of this tile that exist (the rest are padding)
+  int mask_words;    // packed words per tree-mask row
+  int64_t q_row_base;  // flattened [N*H] index of the tile's first row
+  const int32_t* mask_base;
+};
+
+template <int kM>
+__device__ __forceinline__ WorkItem decode_item(const Params& p, int item) {
+  WorkItem w;
+  const int H = p.num_heads;
+  w.b = upper_index(p.item_prefix, p.batch + 1, item);
+  w.local = item - p.item_prefix[w.b];
+  const int q_begin = p.qo_indptr[w.b];
+  w.num_draft = p.qo_indptr[w.b + 1] - q_begin;
+  const int rows = w.num_draft * H;
+  const int row_tiles = ceil_div(rows, kM);
+  const int split = w.local / row_tiles, row_tile = w.local % row_tiles;
+  const int kv_req_end = p.kv_indptr[w.b + 1];
+  w.kv_begin = p.kv_indptr[w.b] + split * p.plan[0];
+  w.kv_end = min(w.kv_begin + p.plan[0], kv_req_end);
+  w.draft_begin = kv_req_end - w.num_draft;
+  w.num_splits = p.num_splits[w.b];
+  w.row0 = row_tile * kM;
+  w.q_row_base = static_cast<int64_t>(q_begin) * H + w.row0;
+  w.valid_rows = min(kM, rows - w.row0);
+  w.mask_words = (w.num_draft + 31) / 32;
+  w.mask_base = p.tree_mask + p.tree_mask_indptr[w.b];
+  return w;
+}
+
+// Draft token of tile row r (clamped for padding rows, whose results are dropped).
+__device__ __forceinline__ int row_token(const WorkItem& w, int r, int num_heads) {
+  return min((w.row0 + r) / num_heads, w.num_draft - 1);
+}
+
+// Does the KV tile [t0, t0 + bn) need masking (it reaches past the split or into the drafts)?
+__device__ __forceinline__ bool tile_needs_mask(const WorkItem& w, int t0, int bn) {
+  return t0 + bn > w.kv_end || t0 + bn > w.draft_begin;
+}
+
+// Is key position pos (global) visible to draft token tok?
+__device__ __forceinline__ bool key_visible(const WorkItem& w, int pos, int tok) {
+  bool visible = pos < w.kv_end;
+  if (visible && pos >= w.draft_begin) {
+    const int d = pos - w.draft_begin;
+    const uint32_t word = static_cast<uint32_t>(__ldg(w.mask_base + tok * w.mask_words + d / 32));
+    visible = (word >> (d % 32)) & 1u;
+  }
+  return visible;
+}
+
+// Writes one thread's share of a finished tile: rows r_lo and r_lo + 8 (accumulator layout),
+// dims dim0 + 8j (+1) for j < 32. l_lo / l_hi are the rows' full softmax denominators.
+template <int kM>
+__device__ __forceinline__ void store_rows(const Params& p, const WorkItem& w, const float (&o)[32][4],
+                                           float m_lo, float m_hi, float l_lo, float l_hi, int r_lo,
+                                           int dim0, bool write_lse) {
+  // A row that saw no key in this split (possible for a split of draft tokens only) has l == 0:
+  // its partial is 0 with lse -inf, which the combine weighs as 0.
+  const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f;
+  const float inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
+  const float lse_lo = l_lo > 0.f ? (m_lo + __log2f(l_lo)) * kLn2 : -INFINITY;
+  const float lse_hi = l_hi > 0.f ? (m_hi + __log2f(l_hi)) * kLn2 : -INFINITY;
+  const bool ok_lo = r_lo < w.valid_rows, ok_hi = r_lo + 8 < w.valid_rows;
+  const int lane = threadIdx.x % 32;
+  if (w.num_splits == 1) {
+    __nv_bfloat16* out_lo = p.out + (w.q_row_base + r_lo) * kVDim + dim0;
+    __nv_bfloat16* out_hi = out_lo + 8 * kVDim;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      if (ok_lo) *reinterpret_cast<uint32_t*>(out_lo + j * 8) = pack_bf16(o[j][0] * inv_lo, o[j][1] * inv_lo);
+      if (ok_hi) *reinterpret_cast<uint32_t*>(out_hi + j * 8) = pack_bf16(o[j][2] * inv_hi, o[j][3] * inv_hi);
+    }
+    if (write_lse && lane % 4 == 0) {
+      if (ok_lo) p.lse[w.q_row_base + r_lo] = lse_lo;
+      if (ok_hi) p.lse[w.q_row_base + r_lo + 8] = lse_hi;
+    }
+  } else {
+    const int slot = p.partial_base[w.b] + w.local;
+    float* po_lo = p.partial_o + (static_cast<int64_t>(slot) * kM + r_lo) * kVDim + dim0;
+    float* po_hi = po_lo + 8 * kVDim;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      if (ok_lo) *reinterpret_cast<float2*>(po_lo + j * 8) = make_float2(o[j][0] * inv_lo, o[j][1] * inv_lo);
+      if (ok_hi) *reinterpret_cast<float2*>(po_hi + j * 8) = make_float2(o[j][2] * inv_hi, o[j][3] * inv_hi);
+    }
+    if (write_lse && lane % 4 == 0) {
+      if (ok_lo) p.partial_lse[static_cast<int64_t>(slot) * kM + r_lo] = lse_lo;
+      if (ok_hi) p.partial_lse[static_cast<int64_t>(slot) * kM + r_lo + 8] = lse_hi;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // 2. main
 // ---------------------------------------------------------------------------------------------
 template <class Cfg>
@@ -290,25 +396,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   const int H = p.num_heads;
 
   // ---- which work item
-  const int b = upper_index(p.item_prefix, p.batch + 1, item);
-  const int local = item - p.item_prefix[b];
-  const int q_begin = p.qo_indptr[b];
-  const int num_draft = p.qo_indptr[b + 1] - q_begin;
-  const int rows = num_draft * H;
-  const int row_tiles = ceil_div(rows, kM);
-  const int split = local / row_tiles, row_tile = local % row_tiles;
-  const int L = p.plan[0];
-  const int kv_req_begin = p.kv_indptr[b];
-  const int kv_req_end = p.kv_indptr[b + 1];
-  const int kv_begin = kv_req_begin + split * L;
-  const int kv_end = min(kv_begin + L, kv_req_end);
-  const int draft_begin = kv_req_end - num_draft;  // first draft position (global kv index)
-  const int num_splits = p.num_splits[b];
-  const int row0 = row_tile * kM;                 // first row of this tile within the request
-  const int64_t q_row_base = static_cast<int64_t>(q_begin) * H + row0;  // flattened [N*H] row
-  const int valid_rows = min(kM, rows - row0);
-  const int mask_words = (num_draft + 31) / 32;
-  const int32_t* mask_base = p.tree_mask + p.tree_mask_indptr[b];
+  const WorkItem w = decode_item<kM>(p, item);
+  const int64_t q_row_base = w.q_row_base;
+  const int valid_rows = w.valid_rows;
+  const int kv_begin = w.kv_begin, kv_end = w.kv_end;
 
   // ---- Q tile -> shared memory (zero rows past the request's last row)
   for (int c = tid; c < kM * kChunksPerRow; c += kThreads) {
@@ -352,8 +443,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   // Rows this thread holds in mma accumulator layout: r_lo = lane/4, r_hi = lane/4 + 8.
   const int r_lo = row_group * 16 + lane / 4;
   // Draft token index of each held row (clamped for padding rows, whose results are dropped).
-  const int tok_lo = min((row0 + r_lo) / H, num_draft - 1);
-  const int tok_hi = min((row0 + r_lo + 8) / H, num_draft - 1);
+  const int tok_lo = row_token(w, r_lo, H);
+  const int tok_hi = row_token(w, r_lo + 8, H);
 
   float o[kOTiles][4];
 #pragma unroll
@@ -424,23 +515,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
 
     // ---- scale, mask (only tiles that reach the split end or the draft tokens)
     const int pos0 = kv_begin + tile * kBN + half * kOwnKeys;
-    const bool needs_mask = kv_begin + (tile + 1) * kBN > kv_end || kv_begin + (tile + 1) * kBN > draft_begin;
+    const bool needs_mask = tile_needs_mask(w, kv_begin + tile * kBN, kBN);
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float v = s[j][e] * p.scale_log2;
-        if (needs_mask) {
-          const int pos = pos0 + j * 8 + (lane % 4) * 2 + (e & 1);
-          bool visible = pos < kv_end;
-          if (visible && pos >= draft_begin) {
-            const int d = pos - draft_begin;
-            const int tok = (e < 2) ? tok_lo : tok_hi;
-            const uint32_t word = static_cast<uint32_t>(__ldg(mask_base + tok * mask_words + d / 32));
-            visible = (word >> (d % 32)) & 1u;
-          }
-          if (!visible) v = -INFINITY;
-        }
+        if (needs_mask && !key_visible(w, pos0 + j * 8 + (lane % 4) * 2 + (e & 1), (e < 2) ? tok_lo : tok_hi))
+          v = -INFINITY;
         s[j][e] = v;
       }
     }
@@ -530,41 +612,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     l_lo = half == 0 ? l_lo + other_lo : other_lo + l_lo;
     l_hi = half == 0 ? l_hi + other_hi : other_hi + l_hi;
   }
-  // A row that saw no key in this split (possible for a split of draft tokens only) has l == 0:
-  // its partial is 0 with lse -inf, which the combine weighs as 0.
-  const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f;
-  const float inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
-  const float lse_lo = l_lo > 0.f ? (m_lo + __log2f(l_lo)) * kLn2 : -INFINITY;
-  const float lse_hi = l_hi > 0.f ? (m_hi + __log2f(l_hi)) * kLn2 : -INFINITY;
-  const bool ok_lo = r_lo < valid_rows, ok_hi = r_lo + 8 < valid_rows;
-  const int dim0 = half * kHalfDims + (lane % 4) * 2;
-
-  if (num_splits == 1) {
-    __nv_bfloat16* out_lo = p.out + (q_row_base + r_lo) * kVDim + dim0;
-    __nv_bfloat16* out_hi = out_lo + 8 * kVDim;
-#pragma unroll
-    for (int j = 0; j < kOTiles; ++j) {
-      if (ok_lo) *reinterpret_cast<uint32_t*>(out_lo + j * 8) = pack_bf16(o[j][0] * inv_lo, o[j][1] * inv_lo);
-      if (ok_hi) *reinterpret_cast<uint32_t*>(out_hi + j * 8) = pack_bf16(o[j][2] * inv_hi, o[j][3] * inv_hi);
-    }
-    if (half == 0 && lane % 4 == 0) {
-      if (ok_lo) p.lse[q_row_base + r_lo] = lse_lo;
-      if (ok_hi) p.lse[q_row_base + r_lo + 8] = lse_hi;
-    }
-  } else {
-    const int slot = p.partial_base[b] + local;
-    float* po_lo = p.partial_o + (static_cast<int64_t>(slot) * kM + r_lo) * kVDim + dim0;
-    float* po_hi = po_lo + 8 * kVDim;
-#pragma unroll
-    for (int j = 0; j < kOTiles; ++j) {
-      if (ok_lo) *reinterpret_cast<float2*>(po_lo + j * 8) = make_float2(o[j][0] * inv_lo, o[j][1] * inv_lo);
-      if (ok_hi) *reinterpret_cast<float2*>(po_hi + j * 8) = make_float2(o[j][2] * inv_hi, o[j][3] * inv_hi);
-    }
-    if (half == 0 && lane % 4 == 0) {
-      if (ok_lo) p.partial_lse[static_cast<int64_t>(slot) * kM + r_lo] = lse_lo;
-      if (ok_hi) p.partial_lse[static_cast<int64_t>(slot) * kM + r_lo + 8] = lse_hi;
-    }
-  }
+  static_assert(kOTiles == 32, "store_rows writes 32 n8 tiles per thread");
+  store_rows<kM>(p, w, o, m_lo, m_hi, l_lo, l_hi, r_lo, half * kHalfDims + (lane % 4) * 2, half == 0);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,356 @@
+// Verify attention main kernel for sm_90a (H100/H200): wgmma (warpgroup MMA) with both operands
+// read by the tensor cores straight from shared memory. Torch-free; the plan and combine kernels
+// and the work-item helpers are shared with the mma.sync kernel (verify_attention.cuh).
+//
+// CTA = 2 warpgroups (256 threads) over M = 64 rows (draft token x head pairs), KV tiles of 64
+// keys, 2 cp.async stages. Per tile:
+//   S = Q K^T     each warpgroup computes S for its 32 of the 64 keys over all 576 dims
+//                 (36 x wgmma m64n32k16; Q and K both from shared memory);
+//   softmax       the two warpgroups swap row maxima through shared memory, so both scale with the
+//                 same running max; each writes its bf16 probabilities into the P tile;
+//   O += P V      each warpgroup owns 256 of the 512 output dims (64 x 256 fp32 = 128 registers
+//                 per thread) and multiplies all 64 keys of P by its half of V
+//                 (4 x wgmma m64n256k16, V read in place from the KV tile, MN-major).
+// Shared memory holds Q, the KV stages and P in the canonical 128-byte-swizzled layout that wgmma
+// descriptors address: 64-dim chunks of [rows][128 B], 16-byte unit u of row r stored at unit
+// u ^ (r % 8), every chunk 1024-byte aligned.
+#pragma once
+
+#include "verify_attention.cuh"
+
+namespace va {
+
+struct ConfigWgmma {
+  static constexpr int kM = 64;
+  static constexpr int kBlockN = 64;
+  static constexpr int kStages = 2;
+  static constexpr int kThreads = 256;
+  static constexpr int kChunkBytes = 64 * 128;              // 64 rows x 64 dims (128 B) = 8 swizzle atoms
+  static constexpr int kChunks = kQKDim / 64;               // 9 chunks per 576-dim row block
+  static constexpr int kTileBytes = kChunks * kChunkBytes;  // 72 KB: Q, or one KV stage
+  static constexpr int kQOff = 0;
+  static constexpr int kKVOff = kTileBytes;
+  static constexpr int kPOff = kKVOff + kStages * kTileBytes;  // P: one chunk (64 rows x 64 keys)
+  static constexpr int kRedOff = kPOff + kChunkBytes;          // [2 warpgroups][64 rows] floats
+  static constexpr int kSmemUsed = kRedOff + 2 * 64 * 4;
+  static constexpr int kSmemBytes = kSmemUsed + 1024;          // slack to align the base to 1024 B
+};
+
+__device__ __forceinline__ void cp_async_16_shared(uint32_t dst, const void* src, bool valid) {
+  int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
+// One row of 576 bf16 (72 units of 16 B) copied by 4 threads: thread `sub` copies units
+// sub + 4 i, i < 18. Unit sub + 4 i sits in chunk i / 2 at swizzled position (sub + 4 (i % 2)) ^ (r % 8),
+// so two base offsets plus constants address all 18 (few registers live across the loop).
+__device__ __forceinline__ void copy_row_swizzled(uint32_t dst_block, int r, int sub, const __nv_bfloat16* src,
+                                                  bool valid) {
+  const uint32_t even = dst_block + r * 128 + ((sub ^ (r & 7)) << 4);
+  const uint32_t odd = dst_block + r * 128 + (((sub + 4) ^ (r & 7)) << 4);
+#pragma unroll
+  for (int i = 0; i < kChunksPerRow / 4; ++i) {
+    const uint32_t dst = ((i & 1) ? odd : even) + (i >> 1) * ConfigWgmma::kChunkBytes;
+    cp_async_16_shared(dst, src + (valid ? (sub + 4 * i) * 8 : 0), valid);
+  }
+}
+
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v));
+}
+
+// wgmma shared-memory matrix descriptor, 128-byte swizzle (PTX ISA, "Matrix Descriptor Format"):
+// bits 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride byte offset >> 4,
+// 62-63 swizzle mode (1 = 128 B). K-major operands: the stride byte offset is the step between
+// 8-row groups (1024 B); the leading offset is unused. MN-major (V): the leading offset is the
+// step between 64-element blocks along N (one chunk), the stride offset between 8-row K groups.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32) | (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Generic-proxy writes to shared memory (cp.async, st.shared) -> visible to wgmma's async proxy.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Pins accumulator registers in program order: the compiler may not move reads of them above a
+// wgmma wait, nor writes below a wgmma issue.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&d)[N][4]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+}
+
+// D[64 x 32] (+)= A[64 x 16] B[16 x 32]; A and B K-major in shared memory.
+__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+// D[64 x 256] (+)= A[64 x 16] B[16 x 256]; A K-major, B MN-major (transposed) in shared memory.
+__device__ __forceinline__ void wgmma_m64n256k16_vmn(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%128, %129, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]),
+        "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]),
+        "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]),
+        "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]),
+        "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]),
+        "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]),
+        "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]),
+        "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]),
+        "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]),
+        "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]),
+        "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]),
+        "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]),
+        "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]),
+        "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]),
+        "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]),
+        "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]),
+        "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+// The tile steps of the main kernel, also driven on their own by the wgmma probe test
+// (tests/wgmma_probe.cu), which checks them against torch matmuls.
+
+// S[64 x 32] = Q K^T for keys [32 wg, 32 wg + 32) of the KV tile at sK, over all 576 dims:
+// 36 wgmma m64n32k16, waited for. Descriptors advance by adding to the start-address field
+// (16-byte units): 32 B per 16-dim k-step inside a chunk, one chunk per 64 dims. The chunk loop
+// stays rolled so the 36 descriptors are not all held in registers.
+__device__ __forceinline__ void qk_tile(float (&s)[4][4], uint32_t sQ, uint32_t sK, int wg) {
+  constexpr int kChunk = ConfigWgmma::kChunkBytes;
+  wgmma_fence();
+  const uint64_t qa = smem_desc(sQ, 16, 1024), kb = smem_desc(sK + wg * 32 * 128, 16, 1024);
+#pragma unroll 1
+  for (int c = 0; c < ConfigWgmma::kChunks; ++c) {
+    const uint64_t step = static_cast<uint64_t>(c * (kChunk >> 4));
+#pragma unroll
+    for (int k = 0; k < 4; ++k) wgmma_m64n32k16(s, qa + step + 2 * k, kb + step + 2 * k, c > 0 || k > 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_regs(s);
+}
+
+// Two bf16 probabilities (keys `key`, `key` + 1; key even) of row r into the P tile: one chunk,
+// 64 rows x 64 keys, 128-byte swizzled like every operand.
+__device__ __forceinline__ void store_p_pair(uint32_t sP, int r, int key, uint32_t packed) {
+  st_shared_b32(sP + r * 128 + ((((key >> 3) ^ (r & 7))) << 4) + (key & 7) * 2, packed);
+}
+
+// O[64 x 256] (dims [256 wg, 256 wg + 256)) += P[64 x 64] V[64 x 256], V read in place from the
+// KV tile as an MN-major operand: k-steps of 16 keys are 32 B along P's rows and 16 rows
+// (2048 B) down V. Waited for.
+__device__ __forceinline__ void pv_tile(float (&o)[32][4], uint32_t sP, uint32_t sK, int wg) {
+  constexpr int kChunk = ConfigWgmma::kChunkBytes;
+  wgmma_fence();
+  const uint64_t pa = smem_desc(sP, 16, 1024), vb = smem_desc(sK + wg * 4 * kChunk, kChunk, 1024);
+#pragma unroll
+  for (int kk = 0; kk < ConfigWgmma::kBlockN / 16; ++kk) wgmma_m64n256k16_vmn(o, pa + 2 * kk, vb + 128 * kk, 1);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_regs(o);
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kernel(Params p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kM = Cfg::kM, kBN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
+  constexpr int kChunk = Cfg::kChunkBytes;
+  static_assert(kM == 64 && kBN == 64 && kThreads == 256, "layout below assumes 64 rows, 64 keys, 2 warpgroups");
+
+  const int item = blockIdx.x;
+  if (item >= p.plan[1]) return;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];  // aligned to 1024 B below
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint32_t sQ = base + Cfg::kQOff, sKV = base + Cfg::kKVOff, sP = base + Cfg::kPOff;
+  float* sRed = reinterpret_cast<float*>(smem_raw + (base - raw) + Cfg::kRedOff);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int wg = warp / 4;         // warpgroup: keys [32 wg, 32 wg + 32) of S, output dims [256 wg, 256 wg + 256)
+  const int row_group = warp % 4;  // rows 16 row_group .. +15 of the tile (wgmma accumulator layout)
+  const int H = p.num_heads;
+  // The work item lives in shared memory, not registers: O takes 128 registers per thread, and
+  // the item's fields are needed only on masked tiles and at the end.
+  __shared__ WorkItem s_item;
+  if (tid == 0) s_item = decode_item<kM>(p, item);
+  __syncthreads();
+  const WorkItem& w = s_item;
+
+  // ---- loads: 4 threads per row, 18 chunks of 16 bytes each (row = tid / 4)
+  const int ld_row = tid / 4, ld_sub = tid % 4;
+  {
+    const bool ok = ld_row < w.valid_rows;  // rows past the request's last row are zero
+    const __nv_bfloat16* src = p.q + (ok ? (w.q_row_base + ld_row) * kQKDim : 0);
+    copy_row_swizzled(sQ, ld_row, ld_sub, src, ok);
+  }
+  cp_async_commit();
+
+  const int num_tiles = ceil_div(w.kv_end - w.kv_begin, kBN);
+  // The slot index is fetched a tile ahead (kernel/NOTES.md, v3).
+  auto fetch_slot = [&](int tile) -> int {
+    const int pos = w.kv_begin + tile * kBN + ld_row;
+    return pos < w.kv_end ? __ldg(p.kv_indices + pos) : -1;
+  };
+  auto load_tile = [&](int slot, int stage) {
+    // Rows past the split, and slots outside the pool, are zero-filled: never read, and a zero V
+    // row times a zero probability cannot turn into NaN.
+    const bool ok = slot >= 0 && slot < p.num_slots;
+    const __nv_bfloat16* src = p.kv + (ok ? static_cast<int64_t>(slot) * kQKDim : 0);
+    copy_row_swizzled(sKV + stage * Cfg::kTileBytes, ld_row, ld_sub, src, ok);
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_tiles) load_tile(fetch_slot(s), s);
+    cp_async_commit();
+  }
+  int next_slot = fetch_slot(kStages - 1);
+
+  const int r_lo = row_group * 16 + lane / 4;  // this thread's rows: r_lo and r_lo + 8
+
+  float o[32][4];
+#pragma unroll
+  for (int j = 0; j < 32; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    cp_async_wait<kStages - 2>();
+    fence_proxy_async();
+    __syncthreads();  // tile (and Q) landed; the other stage and P are no longer read
+    {
+      const int next = tile + kStages - 1;
+      if (next < num_tiles) load_tile(next_slot, next % kStages);
+      cp_async_commit();
+      next_slot = fetch_slot(next + 1);
+    }
+    const uint32_t sK = sKV + (tile % kStages) * Cfg::kTileBytes;
+
+    // ---- S = Q K^T for keys [32 wg, 32 wg + 32) over 576 dims
+    float s[4][4];
+    qk_tile(s, sQ, sK, wg);
+
+    // ---- mask (only tiles that reach the split end or the draft tokens), scale
+    if (tile_needs_mask(w, w.kv_begin + tile * kBN, kBN)) {
+      const int pos0 = w.kv_begin + tile * kBN + wg * 32 + (lane % 4) * 2;
+      const int tok_lo = row_token(w, r_lo, H), tok_hi = row_token(w, r_lo + 8, H);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!key_visible(w, pos0 + j * 8 + (e & 1), (e < 2) ? tok_lo : tok_hi)) s[j][e] = -INFINITY;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] *= p.scale_log2;
+
+    // ---- online softmax: the warpgroups agree on each row's running max
+    float mx_lo = m_lo, mx_hi = m_hi;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      mx_lo = fmaxf(mx_lo, fmaxf(s[j][0], s[j][1]));
+      mx_hi = fmaxf(mx_hi, fmaxf(s[j][2], s[j][3]));
+    }
+#pragma unroll
+    for (int o2 = 1; o2 < 4; o2 <<= 1) {
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o2));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o2));
+    }
+    if (lane % 4 == 0) {
+      sRed[wg * 64 + r_lo] = mx_lo;
+      sRed[wg * 64 + r_lo + 8] = mx_hi;
+    }
+    __syncthreads();
+    mx_lo = fmaxf(mx_lo, sRed[(wg ^ 1) * 64 + r_lo]);
+    mx_hi = fmaxf(mx_hi, sRed[(wg ^ 1) * 64 + r_lo + 8]);
+    // A row that has seen only masked keys keeps max -inf; subtract 0 then so exp2 gives 0, not NaN.
+    const float ref_lo = mx_lo == -INFINITY ? 0.f : mx_lo;
+    const float ref_hi = mx_hi == -INFINITY ? 0.f : mx_hi;
+    const float alpha_lo = fast_exp2(m_lo - ref_lo), alpha_hi = fast_exp2(m_hi - ref_hi);
+    m_lo = mx_lo;
+    m_hi = mx_hi;
+    float sum_lo = 0.f, sum_hi = 0.f;
+    // This thread's probabilities: keys 32 wg + 8 j + 2 (lane % 4) (+1) of rows r_lo, r_lo + 8.
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float p0 = fast_exp2(s[j][0] - ref_lo), p1 = fast_exp2(s[j][1] - ref_lo);
+      const float p2 = fast_exp2(s[j][2] - ref_hi), p3 = fast_exp2(s[j][3] - ref_hi);
+      sum_lo += p0 + p1;
+      sum_hi += p2 + p3;
+      store_p_pair(sP, r_lo, wg * 32 + j * 8 + (lane % 4) * 2, pack_bf16(p0, p1));
+      store_p_pair(sP, r_lo + 8, wg * 32 + j * 8 + (lane % 4) * 2, pack_bf16(p2, p3));
+    }
+    // Each warpgroup keeps the sum over its own keys; the two are added once, after the last tile.
+    l_lo = l_lo * alpha_lo + sum_lo;
+    l_hi = l_hi * alpha_hi + sum_hi;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      o[j][0] *= alpha_lo;
+      o[j][1] *= alpha_lo;
+      o[j][2] *= alpha_hi;
+      o[j][3] *= alpha_hi;
+    }
+    fence_proxy_async();
+    __syncthreads();  // P complete
+
+    // ---- O[:, 256 wg ..] += P V[:, 256 wg ..] over the 64 keys
+    pv_tile(o, sP, sK, wg);
+  }
+  cp_async_wait<0>();
+
+  // ---- finish: row sums across the quad and the two warpgroups, normalise, write
+#pragma unroll
+  for (int o2 = 1; o2 < 4; o2 <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o2);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o2);
+  }
+  __syncthreads();  // the last tile's maxima are read; sRed is free
+  if (lane % 4 == 0) {
+    sRed[wg * 64 + r_lo] = l_lo;
+    sRed[wg * 64 + r_lo + 8] = l_hi;
+  }
+  __syncthreads();
+  // Added in warpgroup order (0 + 1) by both, so both get bitwise the same sum.
+  l_lo = sRed[r_lo] + sRed[64 + r_lo];
+  l_hi = sRed[r_lo + 8] + sRed[64 + r_lo + 8];
+  store_rows<kM>(p, w, o, m_lo, m_hi, l_lo, l_hi, r_lo, wg * 256 + (lane % 4) * 2, wg == 0);
+#else
+  __trap();  // built for sm_90a only; the launcher never selects it elsewhere
+#endif
+}
+
+}  // namespace va
