@@ -83,7 +83,7 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
   plan_kernel<Cfg><<<1, kPlanThreads, 0, stream>>>(p);
   main_kernel<<<plan.max_items, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   const int rows = a.num_tokens * a.num_heads;
-  combine_kernel<Cfg><<<(rows + kCombineWarps - 1) / kCombineWarps, kCombineWarps * 32, 0, stream>>>(p, rows);
+  combine_kernel<Cfg><<<rows, kCombineThreads, 0, stream>>>(p, rows);
   return cudaGetLastError();
 }
 

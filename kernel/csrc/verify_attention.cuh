@@ -617,14 +617,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
 }
 
 // ---------------------------------------------------------------------------------------------
-// 3. combine: one warp per (token, head) row of a split request; splits merged in index order.
+// 3. combine: one block per (token, head) row of a split request, 4 of the 512 dims per thread;
+//    splits merged in index order (bitwise deterministic).
 // ---------------------------------------------------------------------------------------------
-constexpr int kCombineWarps = 8;
+constexpr int kCombineThreads = kVDim / 4;
 
 template <class Cfg>
-__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(Params p, int total_rows) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row = blockIdx.x * kCombineWarps + warp;  // flattened (token, head)
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params p, int total_rows) {
+  const int row = blockIdx.x;  // flattened (token, head)
   if (row >= total_rows) return;
   const int H = p.num_heads;
   const int token = row / H;
@@ -636,41 +636,33 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(Params p, i
   const int r = row - p.qo_indptr[b] * H;
   const int row_tile = r / Cfg::kM, in_tile = r % Cfg::kM;
   const int base = p.partial_base[b];
+  const int t = threadIdx.x;
 
   float mx = -INFINITY;
   for (int s = 0; s < splits; ++s) {
     const int slot = base + s * row_tiles + row_tile;
     mx = fmaxf(mx, p.partial_lse[static_cast<int64_t>(slot) * Cfg::kM + in_tile]);
   }
-  float acc[16];
-#pragma unroll
-  for (int i = 0; i < 16; ++i) acc[i] = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float denom = 0.f;
+#pragma unroll 4
   for (int s = 0; s < splits; ++s) {
     const int slot = base + s * row_tiles + row_tile;
     const int64_t prow = static_cast<int64_t>(slot) * Cfg::kM + in_tile;
     const float w = __expf(p.partial_lse[prow] - mx);
     denom += w;
-    const float4* src = reinterpret_cast<const float4*>(p.partial_o + prow * kVDim);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float4 v = src[i * 32 + lane];
-      acc[i * 4 + 0] += w * v.x;
-      acc[i * 4 + 1] += w * v.y;
-      acc[i * 4 + 2] += w * v.z;
-      acc[i * 4 + 3] += w * v.w;
-    }
+    const float4 v = reinterpret_cast<const float4*>(p.partial_o + prow * kVDim)[t];
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
   }
   const float inv = 1.f / denom;
-  __nv_bfloat16* dst = p.out + static_cast<int64_t>(row) * kVDim;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    uint2 packed;
-    packed.x = pack_bf16(acc[i * 4 + 0] * inv, acc[i * 4 + 1] * inv);
-    packed.y = pack_bf16(acc[i * 4 + 2] * inv, acc[i * 4 + 3] * inv);
-    *reinterpret_cast<uint2*>(dst + (i * 32 + lane) * 4) = packed;
-  }
-  if (lane == 0) p.lse[row] = mx + __logf(denom);
+  uint2 packed;
+  packed.x = pack_bf16(acc.x * inv, acc.y * inv);
+  packed.y = pack_bf16(acc.z * inv, acc.w * inv);
+  reinterpret_cast<uint2*>(p.out + static_cast<int64_t>(row) * kVDim)[t] = packed;
+  if (t == 0) p.lse[row] = mx + __logf(denom);
 }
 
 }  // namespace va

@@ -146,10 +146,10 @@ __device__ __forceinline__ void wgmma_m64n256k16_vmn(float (&d)[32][4], uint64_t
 // (tests/wgmma_probe.cu), which checks them against torch matmuls.
 
 // S[64 x 32] = Q K^T for keys [32 wg, 32 wg + 32) of the KV tile at sK, over all 576 dims:
-// 36 wgmma m64n32k16, waited for. Descriptors advance by adding to the start-address field
+// 36 wgmma m64n32k16 (qk_tile_issue), waited for by qk_tile_wait. Descriptors advance by adding to the start-address field
 // (16-byte units): 32 B per 16-dim k-step inside a chunk, one chunk per 64 dims. The chunk loop
 // stays rolled so the 36 descriptors are not all held in registers.
-__device__ __forceinline__ void qk_tile(float (&s)[4][4], uint32_t sQ, uint32_t sK, int wg) {
+__device__ __forceinline__ void qk_tile_issue(float (&s)[4][4], uint32_t sQ, uint32_t sK, int wg) {
   constexpr int kChunk = ConfigWgmma::kChunkBytes;
   wgmma_fence();
   const uint64_t qa = smem_desc(sQ, 16, 1024), kb = smem_desc(sK + wg * 32 * 128, 16, 1024);
@@ -160,8 +160,14 @@ __device__ __forceinline__ void qk_tile(float (&s)[4][4], uint32_t sQ, uint32_t 
     for (int k = 0; k < 4; ++k) wgmma_m64n32k16(s, qa + step + 2 * k, kb + step + 2 * k, c > 0 || k > 0);
   }
   wgmma_commit();
+}
+__device__ __forceinline__ void qk_tile_wait(float (&s)[4][4]) {
   wgmma_wait<0>();
   fence_regs(s);
+}
+__device__ __forceinline__ void qk_tile(float (&s)[4][4], uint32_t sQ, uint32_t sK, int wg) {
+  qk_tile_issue(s, sQ, sK, wg);
+  qk_tile_wait(s);
 }
 
 // Two bf16 probabilities (keys `key`, `key` + 1; key even) of row r into the P tile: one chunk,
@@ -251,17 +257,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
     cp_async_wait<kStages - 2>();
     fence_proxy_async();
     __syncthreads();  // tile (and Q) landed; the other stage and P are no longer read
+    const uint32_t sK = sKV + (tile % kStages) * Cfg::kTileBytes;
+
+    // ---- S = Q K^T for keys [32 wg, 32 wg + 32) over 576 dims. Issued before the next tile's
+    // gather, so the tensor cores start at once and the cp.async issue overlaps them.
+    float s[4][4];
+    qk_tile_issue(s, sQ, sK, wg);
     {
       const int next = tile + kStages - 1;
       if (next < num_tiles) load_tile(next_slot, next % kStages);
       cp_async_commit();
       next_slot = fetch_slot(next + 1);
     }
-    const uint32_t sK = sKV + (tile % kStages) * Cfg::kTileBytes;
-
-    // ---- S = Q K^T for keys [32 wg, 32 wg + 32) over 576 dims
-    float s[4][4];
-    qk_tile(s, sQ, sK, wg);
+    qk_tile_wait(s);
 
     // ---- mask (only tiles that reach the split end or the draft tokens), scale
     if (tile_needs_mask(w, w.kv_begin + tile * kBN, kBN)) {
@@ -317,6 +325,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
     // Each warpgroup keeps the sum over its own keys; the two are added once, after the last tile.
     l_lo = l_lo * alpha_lo + sum_lo;
     l_hi = l_hi * alpha_hi + sum_hi;
+    // Skipped when no row of the warp moved its max (alpha == 1 exactly): multiplying by 1 is the
+    // identity, so the result is bitwise the same (kernel/NOTES.md, v4 experiments).
+    if (__any_sync(0xffffffffu, alpha_lo != 1.f || alpha_hi != 1.f))
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
       o[j][0] *= alpha_lo;
