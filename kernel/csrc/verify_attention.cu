@@ -8,7 +8,10 @@
 namespace va {
 namespace {
 
-constexpr int kMinSplitKeys = 256;  // a split amortises its Q load and partial write over >= 256 keys
+constexpr int kMinSplitKeys = 256;
+// Up to this many output rows, the combine gives each row 4 thread groups (kernel/NOTES.md, v6):
+// ~132 x 64 / rows splits per row, 16+ here.
+constexpr int kCombineManySplitsRows = 512;  // a split amortises its Q load and partial write over >= 256 keys
 
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -83,7 +86,12 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
   plan_kernel<Cfg><<<1, kPlanThreads, 0, stream>>>(p);
   main_kernel<<<plan.max_items, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   const int rows = a.num_tokens * a.num_heads;
-  combine_kernel<Cfg><<<rows, kCombineThreads, 0, stream>>>(p, rows);
+  // Few rows means many splits per row (the plan fills the GPU): 4 groups read a row's splits
+  // in parallel. Many rows (few splits each) already fill the GPU with one group per row.
+  if (rows <= kCombineManySplitsRows)
+    combine_kernel<Cfg, 4><<<rows, 4 * kCombineLanes, 0, stream>>>(p, rows);
+  else
+    combine_kernel<Cfg, 1><<<rows, kCombineLanes, 0, stream>>>(p, rows);
   return cudaGetLastError();
 }
 

@@ -617,13 +617,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
 }
 
 // ---------------------------------------------------------------------------------------------
-// 3. combine: one block per (token, head) row of a split request, 4 of the 512 dims per thread;
-//    splits merged in index order (bitwise deterministic).
+// 3. combine: one block per (token, head) row of a split request. kGroups groups of 128 threads;
+//    a thread holds 4 of the 512 dims, its group every kGroups-th split. The groups' sums are
+//    added in group order: a fixed order, so the output is bitwise deterministic. The launcher
+//    uses 4 groups when there are few rows (so many splits per row, whose 2 KB partials would
+//    otherwise be read one after another) and 1 when there are many rows (few splits each).
 // ---------------------------------------------------------------------------------------------
-constexpr int kCombineThreads = kVDim / 4;
+constexpr int kCombineLanes = kVDim / 4;  // threads per group
 
-template <class Cfg>
-__global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params p, int total_rows) {
+template <class Cfg, int kGroups>
+__global__ void __launch_bounds__(kGroups * kCombineLanes) combine_kernel(Params p, int total_rows) {
   const int row = blockIdx.x;  // flattened (token, head)
   if (row >= total_rows) return;
   const int H = p.num_heads;
@@ -636,19 +639,18 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params p, int 
   const int r = row - p.qo_indptr[b] * H;
   const int row_tile = r / Cfg::kM, in_tile = r % Cfg::kM;
   const int base = p.partial_base[b];
-  const int t = threadIdx.x;
+  const int t = threadIdx.x % kCombineLanes, g = threadIdx.x / kCombineLanes;
+  auto partial_row = [&](int s) {
+    return static_cast<int64_t>(base + s * row_tiles + row_tile) * Cfg::kM + in_tile;
+  };
 
   float mx = -INFINITY;
-  for (int s = 0; s < splits; ++s) {
-    const int slot = base + s * row_tiles + row_tile;
-    mx = fmaxf(mx, p.partial_lse[static_cast<int64_t>(slot) * Cfg::kM + in_tile]);
-  }
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, p.partial_lse[partial_row(s)]);
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float denom = 0.f;
 #pragma unroll 4
-  for (int s = 0; s < splits; ++s) {
-    const int slot = base + s * row_tiles + row_tile;
-    const int64_t prow = static_cast<int64_t>(slot) * Cfg::kM + in_tile;
+  for (int s = g; s < splits; s += kGroups) {
+    const int64_t prow = partial_row(s);
     const float w = __expf(p.partial_lse[prow] - mx);
     denom += w;
     const float4 v = reinterpret_cast<const float4*>(p.partial_o + prow * kVDim)[t];
@@ -656,6 +658,25 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params p, int 
     acc.y += w * v.y;
     acc.z += w * v.z;
     acc.w += w * v.w;
+  }
+  if constexpr (kGroups > 1) {
+    __shared__ float4 s_acc[kGroups][kCombineLanes];
+    __shared__ float s_denom[kGroups];
+    if (g != 0) {
+      s_acc[g][t] = acc;
+      if (t == 0) s_denom[g] = denom;
+    }
+    __syncthreads();
+    if (g != 0) return;
+#pragma unroll
+    for (int k = 1; k < kGroups; ++k) {
+      const float4 v = s_acc[k][t];
+      acc.x += v.x;
+      acc.y += v.y;
+      acc.z += v.z;
+      acc.w += v.w;
+      denom += s_denom[k];
+    }
   }
   const float inv = 1.f / denom;
   uint2 packed;
