@@ -1,7 +1,7 @@
 """Compare two runs: a verdict per case from the raw samples, and every parity regression.
 
     python -m harness compare BASE HEAD [--force] [--out DIR] [--min-change 0.03] [--impls a,b]
-    python -m harness compare --history reports/
+    python -m harness compare --history reports/ [--gate-impls verify-attn-cuda]
 
 Each side is a ``results.json``, a report folder, or a git revision. A revision stands for its
 committed report under ``reports/``: the newest run (by ``created_utc``) of the same GPU model,
@@ -50,7 +50,15 @@ environment difference (a package or device missing), not a result.
 Like with like: BASE and HEAD of different GPU models or kinds are refused unless ``--force``;
 timings are compared only when both runs had a GPU (a CPU-only parity run compares parity only).
 
-Exit status: 1 on any SLOWER or parity regression, 2 when the inputs cannot be compared, else 0.
+Gated implementations: by default every SLOWER counts. ``--gate-impls a,b`` keeps every verdict
+in the table but counts timing regressions only for those implementations; the others are listed
+as "not gated". CI gates the history on the project's own kernel this way: the reference
+implementations (SGLang's Triton kernel, the float64 oracle) do not change between our commits,
+so their timing changes measure the box, not the commit (two lent H200s of one model ran SGLang
+6 % apart). Parity regressions count for every implementation either way.
+
+Exit status: 1 on any (gated) SLOWER or parity regression, 2 when the inputs cannot be compared,
+else 0.
 The terminal gets a table; an HTML diff is written atomically to ``--out``.
 """
 
@@ -385,10 +393,21 @@ class Comparison:
     parity: tuple[ParityVerdict, ...]
     notes: tuple[str, ...] = ()
     environment_diff: tuple[tuple[str, str, str], ...] = ()  # (field, base value, head value)
+    gated_impls: tuple[str, ...] | None = None  # timing regressions count only for these (None: all)
+
+    def _gated(self, v: TimingVerdict) -> bool:
+        return self.gated_impls is None or v.impl in self.gated_impls
 
     @property
     def regressions(self) -> list[TimingVerdict | ParityVerdict]:
-        return [v for v in (*self.parity, *self.timing) if v.regression]
+        return [v for v in self.parity if v.regression] + [
+            v for v in self.timing if v.regression and self._gated(v)
+        ]
+
+    @property
+    def ungated_regressions(self) -> list[TimingVerdict]:
+        """Timing regressions of implementations outside ``gated_impls``: shown, not counted."""
+        return [v for v in self.timing if v.regression and not self._gated(v)]
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -446,8 +465,10 @@ def compare_results(
     *,
     min_change: float = DEFAULT_MIN_CHANGE,
     impls: Sequence[str] | None = None,
+    gated_impls: Sequence[str] | None = None,
 ) -> Comparison:
-    """Verdicts for every parity row and timed case of two runs (``impls`` restricts both)."""
+    """Verdicts for every parity row and timed case of two runs (``impls`` restricts both);
+    ``gated_impls`` limits which implementations' timing regressions count (None: all)."""
     keep = (lambda impl: impl in impls) if impls else (lambda impl: True)
     notes: list[str] = []
     if base.key.grid != head.key.grid:
@@ -493,6 +514,7 @@ def compare_results(
         parity=parity,
         notes=tuple(notes),
         environment_diff=environment_diff(base.results, head.results),
+        gated_impls=None if gated_impls is None else tuple(gated_impls),
     )
 
 
@@ -705,6 +727,13 @@ def format_terminal(c: Comparison) -> str:
     if c.environment_diff:
         out += ["", "environment differences"] + [f"  {k}: {b} -> {h}" for k, b, h in c.environment_diff]
     regressions = c.regressions
+    ungated = c.ungated_regressions
+    if ungated:
+        out += [
+            "",
+            f"not gated (only {', '.join(c.gated_impls or ())} is): {len(ungated)} SLOWER/NO DATA in "
+            + ", ".join(sorted({v.impl for v in ungated})),
+        ]
     out += ["", f"REGRESSIONS: {len(regressions)}" if regressions else "no regression"]
     return "\n".join(out)
 
@@ -845,7 +874,9 @@ def _report(pairs: Sequence[tuple[Side, Side]], args: argparse.Namespace) -> int
         if _same_committed_run(base, head):
             print(f"{head.key}: BASE and HEAD are the same run ({head.label}); nothing new to compare\n")
             continue
-        c = compare_results(base, head, min_change=args.min_change, impls=args.impls)
+        c = compare_results(
+            base, head, min_change=args.min_change, impls=args.impls, gated_impls=args.gate_impls
+        )
         print(format_terminal(c))
         print(f"html: {write_html(c, args.out)}\n")
         regressions += len(c.regressions)
@@ -920,4 +951,10 @@ def register_cli(sub: Any) -> None:
         help=f"minimum median change counted as SLOWER/FASTER (default {DEFAULT_MIN_CHANGE})",
     )
     p.add_argument("--impls", type=_impl_list, default=None, help="only these implementations (a,b)")
+    p.add_argument(
+        "--gate-impls",
+        type=_impl_list,
+        default=None,
+        help="count timing regressions only for these implementations (a,b); all verdicts still shown",
+    )
     p.set_defaults(func=run)

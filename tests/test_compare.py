@@ -573,3 +573,46 @@ def test_corrupt_results_file_is_named(tmp_path: Path, capsys: pytest.CaptureFix
     good = save(make_results({"c": timings(0.1, seed=1)}), tmp_path / "good")
     assert run_cli(str(bad.parent), str(good)) == 2
     assert str(bad) in capsys.readouterr().err
+
+
+# --- gated implementations --------------------------------------------------------------------
+
+
+def _two_impl_results(kernel_ms: float, ref_ms: float, *, seed: int, parity_status: str = "pass") -> Results:
+    r = make_results(
+        parity=[parity_row("smoke", "pass"), parity_row("smoke", parity_status, impl="sglang-triton-ps1")]
+    )
+    return Results(
+        **{
+            **r.__dict__,
+            "sweep": [
+                sweep_row("c1", timings(kernel_ms, seed=seed)),
+                sweep_row("c1", timings(ref_ms, seed=seed + 1), impl="sglang-triton-ps1"),
+            ],
+        }
+    )
+
+
+def test_gate_impls_counts_only_the_gated_implementations_timing(
+    tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A reference implementation 10 % slower (another board) fails the plain gate, not the
+    kernel-only gate, which still lists it; the kernel 10 % slower fails both."""
+    base = save(_two_impl_results(0.5, 10.0, seed=1), tmp_path / "a")
+    ref_slower = save(_two_impl_results(0.5, 11.0, seed=3), tmp_path / "b")
+    assert run_cli(str(base), str(ref_slower), "--out", str(out_dir)) == 1
+    capsys.readouterr()
+    assert run_cli(str(base), str(ref_slower), "--out", str(out_dir), "--gate-impls", "verify-attn-cuda") == 0
+    out = capsys.readouterr().out
+    assert "not gated (only verify-attn-cuda is): 1 SLOWER/NO DATA in sglang-triton-ps1" in out
+    assert "no regression" in out
+    kernel_slower = save(_two_impl_results(0.55, 10.0, seed=5), tmp_path / "c")
+    assert (
+        run_cli(str(base), str(kernel_slower), "--out", str(out_dir), "--gate-impls", "verify-attn-cuda") == 1
+    )
+
+
+def test_gate_impls_never_ungates_a_parity_regression(tmp_path: Path, out_dir: Path) -> None:
+    base = save(_two_impl_results(0.5, 10.0, seed=1), tmp_path / "a")
+    head = save(_two_impl_results(0.5, 10.0, seed=1, parity_status="fail"), tmp_path / "b")
+    assert run_cli(str(base), str(head), "--out", str(out_dir), "--gate-impls", "verify-attn-cuda") == 1
