@@ -10,8 +10,8 @@ flags and is part of the hash, so variants coexist.
 Target archs: ``$VERIFY_ATTN_ARCHS`` (e.g. ``"9.0;12.0"``), else the current GPU's compute
 capability. Compute capability 9.0 is built as ``9.0a`` (the arch-specific target that has wgmma):
 an sm_90a binary runs on exactly the GPUs an sm_90 one does (H100/H200), and the build then
-defines ``VA_HAVE_SM90A`` so the launcher may pick the wgmma kernel. ``python -m kernel.ptxas_check`` compiles the kernels for sm_90 and sm_120 on any
-machine with nvcc, without a GPU.
+defines ``VA_HAVE_SM90A`` so the launcher may pick the wgmma kernel. ``python -m kernel.ptxas_check``
+compiles the kernels for sm_90a and sm_120 on any machine with nvcc, without a GPU.
 """
 
 from __future__ import annotations
