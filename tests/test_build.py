@@ -1,0 +1,47 @@
+"""JIT build naming: arch list (9.0 -> 9.0a for the wgmma kernel), flags and the cache hash."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernel import build
+
+
+@pytest.mark.parametrize(
+    ("archs", "expected"),
+    [
+        ("9.0", "9.0a"),
+        ("9.0;12.0", "9.0a;12.0"),
+        (" 8.0 ; 9.0 ", "8.0;9.0a"),
+        ("9.0a", "9.0a"),
+        ("12.0", "12.0"),
+        ("9.0+PTX", "9.0+PTX"),
+    ],
+)
+def test_sm90_is_built_arch_specific(archs: str, expected: str) -> None:
+    assert build.with_sm90a(archs) == expected
+
+
+def test_the_wgmma_define_follows_the_arch_list() -> None:
+    assert "-DVA_HAVE_SM90A" in build.cuda_flags("9.0a;12.0")
+    assert "-DVA_HAVE_SM90A" not in build.cuda_flags("12.0")
+    assert "-DVA_HAVE_SM90A" not in build.cuda_flags("8.0;9.0+PTX")
+
+
+def test_env_archs_are_mapped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VERIFY_ATTN_ARCHS", "9.0;12.0")
+    assert build.target_archs() == "9.0a;12.0"
+
+
+def test_the_hash_separates_arch_lists_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VERIFY_ATTN_EXTRA_CUDA_FLAGS", raising=False)
+    a, b = build.source_hash("9.0a"), build.source_hash("12.0")
+    assert a != b and a == build.source_hash("9.0a")
+    monkeypatch.setenv("VERIFY_ATTN_EXTRA_CUDA_FLAGS", "-DVA_QK_SPLIT=4")
+    assert build.source_hash("9.0a") != a
+
+
+def test_every_header_is_hashed_and_shipped() -> None:
+    """A header left out of HEADERS would leave stale builds in the cache after an edit."""
+    on_disk = {p.name for p in build.CSRC.iterdir() if p.suffix in (".h", ".cuh")}
+    assert on_disk == set(build.HEADERS)
