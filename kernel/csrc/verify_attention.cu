@@ -83,7 +83,6 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
     if (e != cudaSuccess) return e;
     smem_set_on.fetch_or(bit, std::memory_order_relaxed);
   }
-  plan_kernel<Cfg><<<1, kPlanThreads, 0, stream>>>(p);
   main_kernel<<<plan.max_items, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   const int rows = a.num_tokens * a.num_heads;
   // Few rows means many splits per row (the plan fills the GPU): 4 groups read a row's splits

@@ -1,9 +1,10 @@
 // Verify attention for MLA tree drafts: torch-free kernel code.
 //
-// One launch = three kernels:
+// One launch = two kernels:
 //   1. plan:    picks one split length L (a multiple of the KV tile) so that the work items
 //               (request, prefix split, row tile) about fill the GPU once, and lays the items out.
-//               It runs on the device so the call never syncs with the host (graph-capturable).
+//               Every main-kernel CTA computes it at its start, on the device, so the call never
+//               syncs with the host (graph-capturable) and needs no separate launch.
 //   2. main:    one CTA per work item. Rows are (draft token, head) pairs of one request, folded
 //               into M-row tiles; each KV tile is gathered once (cp.async, 16-byte chunks of the
 //               1152-byte rows) and used for both QK (576 dims) and PV (first 512 dims).
@@ -69,7 +70,7 @@ struct Params {
   const int32_t* tree_mask_indptr;    // [B+1]
   __nv_bfloat16* out;                 // [N, H, 512]
   float* lse;                         // [N, H]
-  // workspace written by the plan kernel
+  // workspace: the plan as CTA 0 of the main kernel publishes it (read by the combine)
   int32_t* plan;                      // [2]: split length L, number of work items
   int32_t* item_prefix;               // [B+1] exclusive prefix of items per request
   int32_t* partial_base;              // [B]   first partial slot of a split request, -1 if unsplit
@@ -158,10 +159,11 @@ __device__ __forceinline__ int upper_index(const int32_t* prefix, int n, int x) 
 }
 
 // ---------------------------------------------------------------------------------------------
-// 1. plan
+// 1. plan: computed by every CTA of the main kernel at its start (no separate launch; the inputs
+//    are a few int32 per request and the result is the same in every CTA: same data, same
+//    reduction order). CTA 0 also writes it to the workspace for the combine.
 // ---------------------------------------------------------------------------------------------
-constexpr int kPlanThreads = 256;
-
+template <int kThreads>
 __device__ __forceinline__ int block_sum(int v, int* scratch) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -169,11 +171,24 @@ __device__ __forceinline__ int block_sum(int v, int* scratch) {
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   int total = 0;
-  for (int w = 0; w < kPlanThreads / 32; ++w) total += scratch[w];
+  for (int w = 0; w < kThreads / 32; ++w) total += scratch[w];
   return total;
 }
 
+template <int kThreads>
+__device__ __forceinline__ int block_max(int v, int* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  int m = scratch[0];
+  for (int w = 1; w < kThreads / 32; ++w) m = max(m, scratch[w]);
+  return m;
+}
+
 // Exclusive block-wide scan of v; returns (exclusive prefix, block total via *total).
+template <int kThreads>
 __device__ __forceinline__ int block_exclusive_scan(int v, int* scratch, int* total) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int inc = v;
@@ -185,7 +200,7 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* scratch, int* to
   if (lane == 31) scratch[warp] = inc;
   __syncthreads();
   int warp_base = 0, sum = 0;
-  for (int w = 0; w < kPlanThreads / 32; ++w) {
+  for (int w = 0; w < kThreads / 32; ++w) {
     if (w < warp) warp_base += scratch[w];
     sum += scratch[w];
   }
@@ -193,29 +208,37 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* scratch, int* to
   return warp_base + inc - v;
 }
 
+// The launch's plan as one CTA needs it: the split length, the item count, and the request that
+// holds this CTA's item.
+struct BlockPlan {
+  int split_len;     // L: keys per split, a multiple of the KV tile
+  int num_items;     // work items in all (CTAs past it have nothing to do)
+  int b;             // request of this CTA's item
+  int item_begin;    // its first item
+  int num_splits;    // its splits
+  int partial_base;  // its first partial slot, -1 if unsplit
+};
+
+// Every thread of the CTA calls this; the result is in *out after it returns.
 template <class Cfg>
-__global__ void __launch_bounds__(kPlanThreads) plan_kernel(Params p) {
-  __shared__ int scratch[kPlanThreads / 32];
+__device__ __forceinline__ void plan_block(const Params& p, int item, BlockPlan* out) {
+  constexpr int kT = Cfg::kThreads;
+  __shared__ int scratch[kT / 32];
   const int H = p.num_heads;
   // Largest request and number of row tiles with no split.
   int max_len = 0, unsplit = 0;
-  for (int b = threadIdx.x; b < p.batch; b += kPlanThreads) {
+  for (int b = threadIdx.x; b < p.batch; b += kT) {
     const int len = p.kv_indptr[b + 1] - p.kv_indptr[b];
     const int rows = (p.qo_indptr[b + 1] - p.qo_indptr[b]) * H;
     max_len = max(max_len, len);
     unsplit += ceil_div(rows, Cfg::kM);
   }
-  for (int o = 16; o > 0; o >>= 1) max_len = max(max_len, __shfl_xor_sync(0xffffffffu, max_len, o));
-  __shared__ int s_max[kPlanThreads / 32];
-  if (threadIdx.x % 32 == 0) s_max[threadIdx.x / 32] = max_len;
-  __syncthreads();
-  max_len = 0;
-  for (int w = 0; w < kPlanThreads / 32; ++w) max_len = max(max_len, s_max[w]);
-  unsplit = block_sum(unsplit, scratch);
+  max_len = block_max<kT>(max_len, scratch);
+  unsplit = block_sum<kT>(unsplit, scratch);
 
   // Smallest split length (in tiles) whose item count fits max_partials; no split at all when
   // the unsplit work already fills the GPU. Item count is non-increasing in the length, so
-  // bisect. Every CTA of the block takes the same branches (values are block-uniform).
+  // bisect. Every thread takes the same branches (values are block-uniform).
   const int max_tiles = max(1, ceil_div(max_len, Cfg::kBlockN));
   int lo = min(p.min_split_tiles, max_tiles), hi = max_tiles;
   if (unsplit >= p.max_partials) lo = hi;
@@ -223,19 +246,20 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(Params p) {
     const int mid = (lo + hi) >> 1;
     const int L = mid * Cfg::kBlockN;
     int items = 0;
-    for (int b = threadIdx.x; b < p.batch; b += kPlanThreads) {
+    for (int b = threadIdx.x; b < p.batch; b += kT) {
       const int len = p.kv_indptr[b + 1] - p.kv_indptr[b];
       const int rows = (p.qo_indptr[b + 1] - p.qo_indptr[b]) * H;
       items += ceil_div(len, L) * ceil_div(rows, Cfg::kM);
     }
-    items = block_sum(items, scratch);
+    items = block_sum<kT>(items, scratch);
     if (items <= p.max_partials) hi = mid; else lo = mid + 1;
   }
   const int L = lo * Cfg::kBlockN;
 
   // Lay out items (request-major) and partial slots (only split requests use them).
+  const bool publish = blockIdx.x == 0;
   int item_base = 0, partial_base = 0;
-  for (int b0 = 0; b0 < p.batch; b0 += kPlanThreads) {
+  for (int b0 = 0; b0 < p.batch; b0 += kT) {
     const int b = b0 + threadIdx.x;
     int items = 0, splits = 0;
     if (b < p.batch) {
@@ -245,21 +269,36 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(Params p) {
       items = splits * ceil_div(rows, Cfg::kM);
     }
     int item_total, partial_total;
-    const int item_off = block_exclusive_scan(items, scratch, &item_total);
-    const int partial_off = block_exclusive_scan(splits > 1 ? items : 0, scratch, &partial_total);
+    const int item_off = block_exclusive_scan<kT>(items, scratch, &item_total);
+    const int partial_off = block_exclusive_scan<kT>(splits > 1 ? items : 0, scratch, &partial_total);
     if (b < p.batch) {
-      p.item_prefix[b] = item_base + item_off;
-      p.num_splits[b] = splits;
-      p.partial_base[b] = splits > 1 ? partial_base + partial_off : -1;
+      const int begin = item_base + item_off;
+      const int pbase = splits > 1 ? partial_base + partial_off : -1;
+      if (publish) {
+        p.item_prefix[b] = begin;
+        p.num_splits[b] = splits;
+        p.partial_base[b] = pbase;
+      }
+      if (item >= begin && item < begin + items) {
+        out->b = b;
+        out->item_begin = begin;
+        out->num_splits = splits;
+        out->partial_base = pbase;
+      }
     }
     item_base += item_total;
     partial_base += partial_total;
   }
   if (threadIdx.x == 0) {
-    p.item_prefix[p.batch] = item_base;
-    p.plan[0] = L;
-    p.plan[1] = item_base;
+    out->split_len = L;
+    out->num_items = item_base;
+    if (publish) {
+      p.item_prefix[p.batch] = item_base;
+      p.plan[0] = L;
+      p.plan[1] = item_base;
+    }
   }
+  __syncthreads();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -274,6 +313,7 @@ struct WorkItem {
   int kv_end;
   int draft_begin;   // global position of the request's first draft token
   int num_splits;
+  int partial_base;  // first partial slot of the request (-1 if unsplit)
   int row0;          // first row of the tile within the request ((token, head) pairs, token-major)
   int valid_rows;    // rows of this tile that exist (the rest are padding)
   int mask_words;    // packed words per tree-mask row
@@ -282,21 +322,22 @@ struct WorkItem {
 };
 
 template <int kM>
-__device__ __forceinline__ WorkItem decode_item(const Params& p, int item) {
+__device__ __forceinline__ WorkItem decode_item(const Params& p, const BlockPlan& plan, int item) {
   WorkItem w;
   const int H = p.num_heads;
-  w.b = upper_index(p.item_prefix, p.batch + 1, item);
-  w.local = item - p.item_prefix[w.b];
+  w.b = plan.b;
+  w.local = item - plan.item_begin;
   const int q_begin = p.qo_indptr[w.b];
   w.num_draft = p.qo_indptr[w.b + 1] - q_begin;
   const int rows = w.num_draft * H;
   const int row_tiles = ceil_div(rows, kM);
   const int split = w.local / row_tiles, row_tile = w.local % row_tiles;
   const int kv_req_end = p.kv_indptr[w.b + 1];
-  w.kv_begin = p.kv_indptr[w.b] + split * p.plan[0];
-  w.kv_end = min(w.kv_begin + p.plan[0], kv_req_end);
+  w.kv_begin = p.kv_indptr[w.b] + split * plan.split_len;
+  w.kv_end = min(w.kv_begin + plan.split_len, kv_req_end);
   w.draft_begin = kv_req_end - w.num_draft;
-  w.num_splits = p.num_splits[w.b];
+  w.num_splits = plan.num_splits;
+  w.partial_base = plan.partial_base;
   w.row0 = row_tile * kM;
   w.q_row_base = static_cast<int64_t>(q_begin) * H + w.row0;
   w.valid_rows = min(kM, rows - w.row0);
@@ -353,7 +394,7 @@ __device__ __forceinline__ void store_rows(const Params& p, const WorkItem& w, c
       if (ok_hi) p.lse[w.q_row_base + r_lo + 8] = lse_hi;
     }
   } else {
-    const int slot = p.partial_base[w.b] + w.local;
+    const int slot = w.partial_base + w.local;
     float* po_lo = p.partial_o + (static_cast<int64_t>(slot) * kM + r_lo) * kVDim + dim0;
     float* po_hi = po_lo + 8 * kVDim;
 #pragma unroll
@@ -382,8 +423,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   constexpr int kOTiles = kHalfDims / 8; // n8 tiles of O per warp
 
   const int item = blockIdx.x;
-  const int num_items = p.plan[1];
-  if (item >= num_items) return;
+  __shared__ BlockPlan s_plan;
+  plan_block<Cfg>(p, item, &s_plan);
+  if (item >= s_plan.num_items) return;
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kM][kSmemRow]
@@ -396,7 +438,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   const int H = p.num_heads;
 
   // ---- which work item
-  const WorkItem w = decode_item<kM>(p, item);
+  const WorkItem w = decode_item<kM>(p, s_plan, item);
   const int64_t q_row_base = w.q_row_base;
   const int valid_rows = w.valid_rows;
   const int kv_begin = w.kv_begin, kv_end = w.kv_end;

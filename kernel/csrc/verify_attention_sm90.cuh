@@ -198,7 +198,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
   static_assert(kM == 64 && kBN == 64 && kThreads == 256, "layout below assumes 64 rows, 64 keys, 2 warpgroups");
 
   const int item = blockIdx.x;
-  if (item >= p.plan[1]) return;
+  __shared__ BlockPlan s_plan;
+  plan_block<Cfg>(p, item, &s_plan);
+  if (item >= s_plan.num_items) return;
 
   extern __shared__ __align__(16) unsigned char smem_raw[];  // aligned to 1024 B below
   const uint32_t raw = smem_addr(smem_raw);
@@ -213,7 +215,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
   // The work item lives in shared memory, not registers: O takes 128 registers per thread, and
   // the item's fields are needed only on masked tiles and at the end.
   __shared__ WorkItem s_item;
-  if (tid == 0) s_item = decode_item<kM>(p, item);
+  if (tid == 0) s_item = decode_item<kM>(p, s_plan, item);
   __syncthreads();
   const WorkItem& w = s_item;
 
