@@ -1,6 +1,7 @@
 // Verify attention main kernel for sm_90a (H100/H200): wgmma (warpgroup MMA) with both operands
-// read by the tensor cores straight from shared memory. Torch-free; the plan and combine kernels
-// and the work-item helpers are shared with the mma.sync kernel (verify_attention.cuh).
+// read by the tensor cores straight from shared memory. Torch-free; the plan (computed by each CTA
+// at its start), the combine kernel and the work-item helpers are shared with the mma.sync kernel
+// (verify_attention.cuh).
 //
 // CTA = 2 warpgroups (256 threads) over M = 64 rows (draft token x head pairs), KV tiles of 64
 // keys, 2 cp.async stages. Per tile:
@@ -146,9 +147,9 @@ __device__ __forceinline__ void wgmma_m64n256k16_vmn(float (&d)[32][4], uint64_t
 // (tests/wgmma_probe.cu), which checks them against torch matmuls.
 
 // S[64 x 32] = Q K^T for keys [32 wg, 32 wg + 32) of the KV tile at sK, over all 576 dims:
-// 36 wgmma m64n32k16 (qk_tile_issue), waited for by qk_tile_wait. Descriptors advance by adding to the start-address field
-// (16-byte units): 32 B per 16-dim k-step inside a chunk, one chunk per 64 dims. The chunk loop
-// stays rolled so the 36 descriptors are not all held in registers.
+// 36 wgmma m64n32k16 (qk_tile_issue), waited for by qk_tile_wait. Descriptors advance by adding
+// to the start-address field (16-byte units): 32 B per 16-dim k-step inside a chunk, one chunk
+// per 64 dims. The chunk loop stays rolled so the 36 descriptors are not all held in registers.
 __device__ __forceinline__ void qk_tile_issue(float (&s)[4][4], uint32_t sQ, uint32_t sK, int wg) {
   constexpr int kChunk = ConfigWgmma::kChunkBytes;
   wgmma_fence();
@@ -194,7 +195,6 @@ template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kernel(Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kM = Cfg::kM, kBN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
-  constexpr int kChunk = Cfg::kChunkBytes;
   static_assert(kM == 64 && kBN == 64 && kThreads == 256, "layout below assumes 64 rows, 64 keys, 2 warpgroups");
 
   const int item = blockIdx.x;
