@@ -93,11 +93,14 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16-byte async copy global -> shared, zero-filling when !valid (no bytes are read then).
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+// 16-byte async copy global -> shared (dst a shared-memory address), zero-filling when !valid
+// (no bytes are read then).
+__device__ __forceinline__ void cp_async_16_shared(uint32_t dst, const void* src, bool valid) {
   int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(src_bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  cp_async_16_shared(smem_addr(dst), src, valid);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -139,6 +142,23 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+// Reductions over the 4 lanes that hold one accumulator row (lane / 4 equal), for a thread's two
+// rows (r and r + 8 of the mma / wgmma accumulator layout).
+__device__ __forceinline__ void quad_max(float& lo, float& hi) {
+#pragma unroll
+  for (int o = 1; o < 4; o <<= 1) {
+    lo = fmaxf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+    hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+  }
+}
+__device__ __forceinline__ void quad_sum(float& lo, float& hi) {
+#pragma unroll
+  for (int o = 1; o < 4; o <<= 1) {
+    lo += __shfl_xor_sync(0xffffffffu, lo, o);
+    hi += __shfl_xor_sync(0xffffffffu, hi, o);
+  }
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -576,11 +596,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
       mx_lo = fmaxf(mx_lo, fmaxf(s[j][0], s[j][1]));
       mx_hi = fmaxf(mx_hi, fmaxf(s[j][2], s[j][3]));
     }
-#pragma unroll
-    for (int o2 = 1; o2 < 4; o2 <<= 1) {
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o2));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o2));
-    }
+    quad_max(mx_lo, mx_hi);
     if (lane % 4 == 0) {
       sRed[warp * 16 + lane / 4] = mx_lo;
       sRed[warp * 16 + lane / 4 + 8] = mx_hi;
@@ -637,11 +653,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   cp_async_wait<0>();
 
   // ---- finish: row sums across the quad and the pair, normalise, write
-#pragma unroll
-  for (int o2 = 1; o2 < 4; o2 <<= 1) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o2);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o2);
-  }
+  quad_sum(l_lo, l_hi);
   __syncthreads();  // the last tile's maxima are read; sRed is free
   if (lane % 4 == 0) {
     sRed[warp * 16 + lane / 4] = l_lo;

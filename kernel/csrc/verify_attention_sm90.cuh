@@ -37,11 +37,6 @@ struct ConfigWgmma {
   static constexpr int kSmemBytes = kSmemUsed + 1024;          // slack to align the base to 1024 B
 };
 
-__device__ __forceinline__ void cp_async_16_shared(uint32_t dst, const void* src, bool valid) {
-  int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-
 // One row of 576 bf16 (72 units of 16 B) copied by 4 threads: thread `sub` copies units
 // sub + 4 i, i < 18. Unit sub + 4 i sits in chunk i / 2 at swizzled position (sub + 4 (i % 2)) ^ (r % 8),
 // so two base offsets plus constants address all 18 (few registers live across the loop).
@@ -295,11 +290,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
       mx_lo = fmaxf(mx_lo, fmaxf(s[j][0], s[j][1]));
       mx_hi = fmaxf(mx_hi, fmaxf(s[j][2], s[j][3]));
     }
-#pragma unroll
-    for (int o2 = 1; o2 < 4; o2 <<= 1) {
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o2));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o2));
-    }
+    quad_max(mx_lo, mx_hi);
     if (lane % 4 == 0) {
       sRed[wg * 64 + r_lo] = mx_lo;
       sRed[wg * 64 + r_lo + 8] = mx_hi;
@@ -346,11 +337,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
   cp_async_wait<0>();
 
   // ---- finish: row sums across the quad and the two warpgroups, normalise, write
-#pragma unroll
-  for (int o2 = 1; o2 < 4; o2 <<= 1) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o2);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o2);
-  }
+  quad_sum(l_lo, l_hi);
   __syncthreads();  // the last tile's maxima are read; sRed is free
   if (lane % 4 == 0) {
     sRed[wg * 64 + r_lo] = l_lo;
