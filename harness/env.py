@@ -79,12 +79,9 @@ def _build_flags(device: torch.device) -> dict[str, Any] | None:
         if info is not None:
             value = info()
             flags.update(value if isinstance(value, dict) else {"build_info": str(value)})
-        build = getattr(kernel, "build", None)
-        for name in ("target_archs", "cuda_flags"):
-            fn = getattr(build, name, None)
-            if callable(fn):
-                value = fn()
-                flags[name] = list(value) if isinstance(value, (tuple, list)) else value
+        built = getattr(kernel.build, "loaded_build", None)
+        if callable(built):
+            flags.update(built() or {})
         return flags or None
     except Exception as e:  # the kernel's own row says why it is unavailable; here it is context
         return {"error": f"{type(e).__name__}: {e}"}

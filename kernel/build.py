@@ -28,6 +28,7 @@ CUDA_FLAGS = ("-O3", "-std=c++17", "--use_fast_math", "-lineinfo")
 CXX_FLAGS = ("-O3", "-std=c++17")
 
 _loaded: ModuleType | None = None
+_loaded_build: dict[str, object] | None = None  # archs and nvcc flags of the loaded extension
 
 
 def target_archs() -> str:
@@ -49,7 +50,7 @@ def with_sm90a(archs: str) -> str:
     return ";".join("9.0a" if a.strip() == "9.0" else a.strip() for a in archs.split(";") if a.strip())
 
 
-def cuda_flags(archs: str = "") -> tuple[str, ...]:
+def cuda_flags(archs: str) -> tuple[str, ...]:
     extra = ("-DVA_HAVE_SM90A",) if "9.0a" in archs.split(";") else ()
     return CUDA_FLAGS + extra + tuple(os.environ.get("VERIFY_ATTN_EXTRA_CUDA_FLAGS", "").split())
 
@@ -64,29 +65,34 @@ def source_hash(archs: str) -> str:
     return h.hexdigest()[:16]
 
 
-def load_extension(verbose: bool = False) -> ModuleType:
-    """Build (first call, ~1-2 minutes) or load the cached extension module."""
-    global _loaded
-    if _loaded is not None:
-        return _loaded
+def build_dir(name: str) -> Path:
+    return Path(os.environ.get("VERIFY_ATTN_BUILD_DIR", Path.home() / ".cache" / "verify-attention")) / name
+
+
+def load_cuda_extension(
+    name: str,
+    sources: list[Path],
+    archs: str,
+    cuda_cflags: list[str],
+    cflags: list[str] | None = None,
+    verbose: bool = False,
+) -> ModuleType:
+    """Build or load a torch CUDA extension for ``archs`` (``TORCH_CUDA_ARCH_LIST`` is set for the
+    build only), with the kernel headers on the include path, cached under ``build_dir(name)``."""
     from torch.utils import cpp_extension
 
-    archs = target_archs()
-    name = f"verify_attention_{source_hash(archs)}"
-    build_dir = (
-        Path(os.environ.get("VERIFY_ATTN_BUILD_DIR", Path.home() / ".cache" / "verify-attention")) / name
-    )
-    build_dir.mkdir(parents=True, exist_ok=True)
+    directory = build_dir(name)
+    directory.mkdir(parents=True, exist_ok=True)
     previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
     os.environ["TORCH_CUDA_ARCH_LIST"] = archs
     try:
-        _loaded = cpp_extension.load(
+        return cpp_extension.load(
             name=name,
-            sources=[str(CSRC / s) for s in SOURCES],
-            extra_cflags=list(CXX_FLAGS),
-            extra_cuda_cflags=list(cuda_flags(archs)),
+            sources=[str(s) for s in sources],
+            extra_cflags=list(cflags or ()),
+            extra_cuda_cflags=cuda_cflags,
             extra_include_paths=[str(CSRC)],
-            build_directory=str(build_dir),
+            build_directory=str(directory),
             verbose=verbose,
         )
     finally:
@@ -94,7 +100,30 @@ def load_extension(verbose: bool = False) -> ModuleType:
             os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
         else:
             os.environ["TORCH_CUDA_ARCH_LIST"] = previous
+
+
+def load_extension(verbose: bool = False) -> ModuleType:
+    """Build (first call, ~1-2 minutes) or load the cached extension module."""
+    global _loaded, _loaded_build
+    if _loaded is not None:
+        return _loaded
+    archs = target_archs()
+    flags = list(cuda_flags(archs))
+    _loaded = load_cuda_extension(
+        f"verify_attention_{source_hash(archs)}",
+        [CSRC / s for s in SOURCES],
+        archs,
+        flags,
+        list(CXX_FLAGS),
+        verbose,
+    )
+    _loaded_build = {"target_archs": archs, "cuda_flags": flags}
     return _loaded
+
+
+def loaded_build() -> dict[str, object] | None:
+    """The archs and nvcc flags the loaded extension was built with; None before a load."""
+    return None if _loaded_build is None else dict(_loaded_build)
 
 
 def loaded_extension() -> ModuleType | None:

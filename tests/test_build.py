@@ -45,3 +45,24 @@ def test_every_header_is_hashed_and_shipped() -> None:
     """A header left out of HEADERS would leave stale builds in the cache after an edit."""
     on_disk = {p.name for p in build.CSRC.iterdir() if p.suffix in (".h", ".cuh")}
     assert on_disk == set(build.HEADERS)
+
+
+def test_the_loaded_build_records_its_archs_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a run's environment records is what the extension was built with (the sm_90a define
+    included), taken at load time rather than recomputed."""
+    seen = {}
+
+    def fake_load(name, sources, archs, cuda_cflags, cflags=None, verbose=False):
+        seen.update(name=name, archs=archs, flags=cuda_cflags)
+        return object()
+
+    monkeypatch.setenv("VERIFY_ATTN_ARCHS", "9.0;12.0")
+    monkeypatch.delenv("VERIFY_ATTN_EXTRA_CUDA_FLAGS", raising=False)
+    monkeypatch.setattr(build, "load_cuda_extension", fake_load)
+    monkeypatch.setattr(build, "_loaded", None)
+    monkeypatch.setattr(build, "_loaded_build", None)
+    assert build.loaded_build() is None
+    build.load_extension()
+    assert seen["archs"] == "9.0a;12.0" and seen["name"].startswith("verify_attention_")
+    assert build.loaded_build() == {"target_archs": "9.0a;12.0", "cuda_flags": seen["flags"]}
+    assert "-DVA_HAVE_SM90A" in build.loaded_build()["cuda_flags"]

@@ -7,11 +7,11 @@ before it would show up as a parity failure of the whole kernel. Needs an sm_90 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
+from test_kernel_gpu import runs_wgmma
 
 pytestmark = pytest.mark.gpu
 
@@ -20,30 +20,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def probe():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+    if not (torch.cuda.is_available() and runs_wgmma()):
         pytest.skip("wgmma needs a compute capability 9.0 GPU (H100/H200)")
-    from torch.utils import cpp_extension
+    from kernel import build
 
-    build = (
-        Path(os.environ.get("VERIFY_ATTN_BUILD_DIR", Path.home() / ".cache" / "verify-attention"))
-        / "wgmma_probe"
+    return build.load_cuda_extension(
+        "verify_attention_wgmma_probe",
+        [ROOT / "tests" / "wgmma_probe.cu"],
+        "9.0a",
+        list(build.cuda_flags("9.0a")),
     )
-    build.mkdir(parents=True, exist_ok=True)
-    previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"
-    try:
-        return cpp_extension.load(
-            name="verify_attention_wgmma_probe",
-            sources=[str(ROOT / "tests" / "wgmma_probe.cu")],
-            extra_cuda_cflags=["-O3", "-std=c++17", "-DVA_HAVE_SM90A"],
-            extra_include_paths=[str(ROOT / "kernel" / "csrc")],
-            build_directory=str(build),
-        )
-    finally:
-        if previous is None:
-            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
-        else:
-            os.environ["TORCH_CUDA_ARCH_LIST"] = previous
 
 
 def _inputs(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -70,7 +70,8 @@ struct Params {
   const int32_t* tree_mask_indptr;    // [B+1]
   __nv_bfloat16* out;                 // [N, H, 512]
   float* lse;                         // [N, H]
-  // workspace: the plan as CTA 0 of the main kernel publishes it (read by the combine)
+  // workspace: the plan as CTA 0 of the main kernel publishes it (the combine reads num_splits and
+  // partial_base; plan and item_prefix are kept for inspecting a launch)
   int32_t* plan;                      // [2]: split length L, number of work items
   int32_t* item_prefix;               // [B+1] exclusive prefix of items per request
   int32_t* partial_base;              // [B]   first partial slot of a split request, -1 if unsplit
