@@ -92,4 +92,4 @@ def verify_attention(
     return out, lse
 
 
-_CONFIGS = {"auto": 0, "large": 1, "small": 2, "wgmma": 3}
+_CONFIGS = {"auto": 0, "large": 1, "small": 2, "wgmma": 3, "wgmma-ws": 4}

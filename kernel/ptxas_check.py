@@ -35,14 +35,15 @@ ARCHS = {"sm_90a": 227 * 1024, "sm_120": 99 * 1024}
 REGISTER_FILE = 64 * 1024
 # The config the kernel chooses per arch (make_plan: wgmma on sm_90a, else large if it fits the
 # opt-in limit, else small).
-EXPECTED_CONFIG = {"sm_90a": "wgmma", "sm_120": "small"}
+EXPECTED_CONFIG = {"sm_90a": "wgmma-ws", "sm_120": "small"}
 # Configs that can run on each arch (and so must compile cleanly and fit there).
-ARCH_CONFIGS = {"sm_90a": ("wgmma", "large", "small"), "sm_120": ("large", "small")}
+ARCH_CONFIGS = {"sm_90a": ("wgmma-ws", "wgmma", "large", "small"), "sm_120": ("large", "small")}
 # Each config's main kernel: (kernel name, template-argument tag) as they appear mangled.
 MAIN_KERNEL = {
     "large": ("verify_attention_kernel", "ConfigILi4ELi32ELi2E"),
     "small": ("verify_attention_kernel", "ConfigILi2ELi16ELi3E"),
-    "wgmma": ("verify_attention_wgmma_kernel", "ConfigWgmma"),
+    "wgmma": ("verify_attention_wgmma_kernel", "ConfigWgmmaE"),
+    "wgmma-ws": ("verify_attention_wgmma_ws_kernel", "ConfigWgmmaWs"),
 }
 
 
@@ -143,7 +144,7 @@ def check(kernels: list[KernelResources], configs: dict[str, dict[str, int]]) ->
                     f"{arch}: config {name!r} (chosen there at run time) needs {smem} B shared memory "
                     f"(limit {limit})"
                 )
-        chosen = next((n for n in ("wgmma", "large", "small") if n in ARCH_CONFIGS[arch]
+        chosen = next((n for n in ("wgmma-ws", "large", "small") if n in ARCH_CONFIGS[arch]
                        and configs[n]["dynamic_smem_bytes"] <= limit), None)  # fmt: skip
         if chosen != EXPECTED_CONFIG[arch]:
             problems.append(

@@ -24,7 +24,7 @@ from harness import bundles  # noqa: E402
 def main() -> int:
     smoke = bundles.to_batch(bundles.load("smoke"), "cuda")
     small = random_batch(random.Random(99), torch.device("cuda"), work_cap=3e5)
-    configs = ("wgmma", "large", "small") if runs_wgmma() else ("large", "small")
+    configs = ("wgmma-ws", "wgmma", "large", "small") if runs_wgmma() else ("large", "small")
     for config in configs:
         for batch in (smoke, small):
             out, lse = run_kernel(batch, config=config)

@@ -129,16 +129,16 @@ def runs_wgmma() -> bool:
 
 
 def _needs_config(config: str) -> None:
-    if config == "wgmma" and not runs_wgmma():
+    if config in ("wgmma", "wgmma-ws") and not runs_wgmma():
         pytest.skip("the wgmma config runs only on compute capability 9.0 (H100/H200)")
 
 
-@pytest.mark.parametrize("config", ["auto", "wgmma", "large", "small"])
+@pytest.mark.parametrize("config", ["auto", "wgmma-ws", "wgmma", "large", "small"])
 def test_fuzz_against_oracle(config: str) -> None:
-    """160 random batches per config; 'auto' is wgmma on an H100/H200 and mma.sync elsewhere,
+    """160 random batches per config; 'auto' is wgmma-ws on an H100/H200 and mma.sync elsewhere,
     'small' is the sm_120 tile config run here."""
     _needs_config(config)
-    rng = random.Random({"auto": 1234, "wgmma": 5678, "large": 8765, "small": 4321}[config])
+    rng = random.Random({"auto": 1234, "wgmma-ws": 2468, "wgmma": 5678, "large": 8765, "small": 4321}[config])
     device = torch.device("cuda")
     for i in range(160):
         batch = random_batch(rng, device)
@@ -307,7 +307,7 @@ def test_bad_config_name_is_refused() -> None:
         kernel.verify_attention(**_good(), config="huge")
 
 
-@pytest.mark.parametrize("config", ["wgmma", "large", "small"])
+@pytest.mark.parametrize("config", ["wgmma-ws", "wgmma", "large", "small"])
 @pytest.mark.parametrize("name", ["smoke", "ddtree", "ragged", "kimi-k2-tp8", "two-long", "deepseek-v3-200k"])
 def test_parity_on_bundle(name: str, config: str) -> None:
     """Numeric and token-exact parity on every canonical bundle, in every tile config."""

@@ -8,10 +8,11 @@ CONFIGS = {
     "large": {"rows_per_cta": 64, "block_n": 32, "stages": 2, "threads": 256, "dynamic_smem_bytes": 155136},
     "small": {"rows_per_cta": 32, "block_n": 16, "stages": 3, "threads": 128, "dynamic_smem_bytes": 95232},
     "wgmma": {"rows_per_cta": 64, "block_n": 64, "stages": 2, "threads": 256, "dynamic_smem_bytes": 230912},
+    "wgmma-ws": {"rows_per_cta": 64, "block_n": 32, "stages": 5, "threads": 384, "dynamic_smem_bytes": 203520},
 }
 
 
-def report(regs: int = 240, spill: int = 0, stack: int = 0, static_smem: int = 0) -> str:
+def report(regs: int = 168, spill: int = 0, stack: int = 0, static_smem: int = 0) -> str:
     lines = []
     for arch in ARCHS:
         for name, tag in MAIN_KERNEL.values():
@@ -48,10 +49,10 @@ def test_shared_memory_over_the_sm120_limit_fails() -> None:
 
 
 def test_registers_beyond_the_register_file_fail() -> None:
-    # 256 threads x 256 registers is exactly the 64K register file; 512 threads x 255 is not
-    assert check(parse_ptxas(report(regs=256)), CONFIGS) == []
-    too_many = {**CONFIGS, "large": {**CONFIGS["large"], "threads": 512}}
-    assert any("registers" in p for p in check(parse_ptxas(report(regs=255)), too_many))
+    # 384 threads (wgmma-ws) x 168 registers fit the 64K register file; x 176 do not
+    assert check(parse_ptxas(report(regs=168)), CONFIGS) == []
+    problems = check(parse_ptxas(report(regs=176)), CONFIGS)
+    assert problems and all("'wgmma-ws' needs 176 x 384 registers" in p for p in problems)
 
 
 def test_a_missing_kernel_is_reported() -> None:

@@ -14,7 +14,8 @@ int main() {
   std::printf("{\n");
   print<va::ConfigLarge>("large", false);
   print<va::ConfigSmall>("small", false);
-  print<va::ConfigWgmma>("wgmma", true);
+  print<va::ConfigWgmma>("wgmma", false);
+  print<va::ConfigWgmmaWs>("wgmma-ws", true);
   std::printf("}\n");
   return 0;
 }

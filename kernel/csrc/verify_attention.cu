@@ -98,6 +98,7 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
 
 int config_smem_bytes(int config) {
   if (config == kConfigWgmma) return ConfigWgmma::kSmemBytes;
+  if (config == kConfigWgmmaWs) return ConfigWgmmaWs::kSmemBytes;
   return config == kConfigSmall ? ConfigSmall::kSmemBytes : ConfigLarge::kSmemBytes;
 }
 
@@ -121,21 +122,26 @@ cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int 
   e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (e != cudaSuccess) return e;
   // wgmma needs an sm_90a build running on a compute capability 9.0 device.
-  const bool wgmma_ok = wgmma_built() && major == 9 && minor == 0 && smem_optin >= ConfigWgmma::kSmemBytes;
+  const bool wgmma_ok = wgmma_built() && major == 9 && minor == 0;
   if (config == kConfigAuto) {
-    config = wgmma_ok ? kConfigWgmma : smem_optin >= ConfigLarge::kSmemBytes ? kConfigLarge : kConfigSmall;
+    config = wgmma_ok && smem_optin >= ConfigWgmmaWs::kSmemBytes ? kConfigWgmmaWs
+             : smem_optin >= ConfigLarge::kSmemBytes               ? kConfigLarge
+                                                                    : kConfigSmall;
   }
-  if (config == kConfigWgmma && !wgmma_ok) return cudaErrorNotSupported;
+  if ((config == kConfigWgmma || config == kConfigWgmmaWs) && !wgmma_ok) return cudaErrorNotSupported;
   if (smem_optin < config_smem_bytes(config)) return cudaErrorInvalidValue;
   // One CTA per SM fits (shared memory bound), so about one wave of work items.
   if (max_partials <= 0) max_partials = sms;
   if (config == kConfigWgmma) fill_plan<ConfigWgmma>(batch, num_tokens, num_heads, max_partials, config, plan);
+  else if (config == kConfigWgmmaWs) fill_plan<ConfigWgmmaWs>(batch, num_tokens, num_heads, max_partials, config, plan);
   else if (config == kConfigLarge) fill_plan<ConfigLarge>(batch, num_tokens, num_heads, max_partials, config, plan);
   else fill_plan<ConfigSmall>(batch, num_tokens, num_heads, max_partials, config, plan);
   return cudaSuccess;
 }
 
 cudaError_t launch(const Args& args, const Plan& plan, cudaStream_t stream) {
+  if (plan.config == kConfigWgmmaWs)
+    return launch_impl<ConfigWgmmaWs>(args, plan, stream, verify_attention_wgmma_ws_kernel<ConfigWgmmaWs>);
   if (plan.config == kConfigWgmma)
     return launch_impl<ConfigWgmma>(args, plan, stream, verify_attention_wgmma_kernel<ConfigWgmma>);
   if (plan.config == kConfigLarge)
@@ -146,7 +152,8 @@ cudaError_t launch(const Args& args, const Plan& plan, cudaStream_t stream) {
 const char* build_info() {
 #define VA_STR2(x) #x
 #define VA_STR(x) VA_STR2(x)
-  return "wgmma (sm_90a): M=64 BN=64 stages=2 (2 warpgroups)"
+  return "wgmma-ws (sm_90a): M=64 BN=64 stages=3 (3 warpgroups: S + 2 x PV); wgmma (sm_90a): M=64 BN=64 stages=2 "
+         "(2 warpgroups)"
 #ifndef VA_HAVE_SM90A
          " [not in this build]"
 #endif

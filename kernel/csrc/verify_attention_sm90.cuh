@@ -97,6 +97,22 @@ __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[4][4], uint64_t desc_
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
+// D[64 x 32] (+)= A[64 x 16] B[16 x 32]; A from registers (per warp the m16n8k16 A fragment of
+// its 16 rows: a0 (row g, k 2t..2t+1), a1 (row g + 8), a2 (row g, k + 8), a3 (row g + 8, k + 8),
+// g = lane / 4, t = lane % 4), B K-major in shared memory.
+__device__ __forceinline__ void wgmma_m64n32k16_rs(float (&d)[4][4], const uint32_t (&a)[4], uint64_t desc_b,
+                                                   int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
 // D[64 x 256] (+)= A[64 x 16] B[16 x 256]; A K-major, B MN-major (transposed) in shared memory.
 __device__ __forceinline__ void wgmma_m64n256k16_vmn(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile(
@@ -175,15 +191,22 @@ __device__ __forceinline__ void store_p_pair(uint32_t sP, int r, int key, uint32
 // O[64 x 256] (dims [256 wg, 256 wg + 256)) += P[64 x 64] V[64 x 256], V read in place from the
 // KV tile as an MN-major operand: k-steps of 16 keys are 32 B along P's rows and 16 rows
 // (2048 B) down V. Waited for.
-__device__ __forceinline__ void pv_tile(float (&o)[32][4], uint32_t sP, uint32_t sK, int wg) {
-  constexpr int kChunk = ConfigWgmma::kChunkBytes;
+// kKeys keys per tile; kChunk bytes per 64-dim chunk of the tile (kKeys rows x 128 B).
+template <int kKeys = ConfigWgmma::kBlockN, int kChunk = ConfigWgmma::kChunkBytes>
+__device__ __forceinline__ void pv_tile_issue(float (&o)[32][4], uint32_t sP, uint32_t sK, int wg) {
   wgmma_fence();
   const uint64_t pa = smem_desc(sP, 16, 1024), vb = smem_desc(sK + wg * 4 * kChunk, kChunk, 1024);
 #pragma unroll
-  for (int kk = 0; kk < ConfigWgmma::kBlockN / 16; ++kk) wgmma_m64n256k16_vmn(o, pa + 2 * kk, vb + 128 * kk, 1);
+  for (int kk = 0; kk < kKeys / 16; ++kk) wgmma_m64n256k16_vmn(o, pa + 2 * kk, vb + 128 * kk, 1);
   wgmma_commit();
+}
+__device__ __forceinline__ void pv_tile_wait(float (&o)[32][4]) {
   wgmma_wait<0>();
   fence_regs(o);
+}
+__device__ __forceinline__ void pv_tile(float (&o)[32][4], uint32_t sP, uint32_t sK, int wg) {
+  pv_tile_issue(o, sP, sK, wg);
+  pv_tile_wait(o);
 }
 
 template <class Cfg>
@@ -348,6 +371,307 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
   l_lo = sRed[r_lo] + sRed[64 + r_lo];
   l_hi = sRed[r_lo + 8] + sRed[64 + r_lo + 8];
   store_rows<kM>(p, w, o, m_lo, m_hi, l_lo, l_hi, r_lo, wg * 256 + (lane % 4) * 2, wg == 0);
+#else
+  __trap();  // built for sm_90a only; the launcher never selects it elsewhere
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Warp-specialized variant (config "wgmma-ws", kernel/NOTES.md v8): three warpgroups, 384 threads,
+// KV tiles of 32 keys in 5 stages.
+//   WG0  ("S")   holds Q's 512 latent dims in registers (the wgmma A operand: 32 k-steps x 4
+//                registers) and its 64 RoPE dims in shared memory, computes S = Q K^T for the 32
+//                keys of a tile (36 x wgmma m64n32k16, K from shared memory),
+//                the online softmax, and writes bf16 P and each row's rescale factor to shared
+//                memory. It keeps the running max and sum.
+//   WG1, WG2     each own 256 of the 512 output dims (O: 128 registers per thread), multiply P by
+//                their half of V (2 x wgmma m64n256k16), and gather the KV chunks that they alone
+//                read for PV: WG1 dims 0-255 (chunks 0-3) and the RoPE chunk 8 (read only by QK,
+//                which is done before P exists), WG2 dims 256-511 (chunks 4-7).
+// With Q (but its RoPE part) out of shared memory the KV tiles get 180 KB: WG0 computes S for
+// tile i + 1 while WG1/WG2 multiply tile i, and a stage is refilled 5 tiles ahead.
+// Hand-offs are named barriers (bar.arrive by the producing side, bar.sync by the waiting side):
+//   kBarFull + s  tile in stage s landed (WG1/WG2 -> WG0)
+//   kBarPReady    P and the rescale factors of the current tile written (WG0 -> WG1/WG2)
+//   kBarPVDone    both halves of PV done with P (WG1/WG2 -> WG0, before it overwrites P)
+// Registers: setmaxnreg moves WG0 to 184 and WG1/WG2 to 160 each (128 x (184 + 2 x 160) = 64512,
+// the 168 x 384 the CTA starts with). All of Q in registers, or 64-key tiles, would need 16 more
+// registers in WG0 than that (ptxas spills).
+// ---------------------------------------------------------------------------------------------
+struct ConfigWgmmaWs {
+  static constexpr int kM = 64;
+  static constexpr int kBlockN = 32;
+  static constexpr int kStages = 5;
+  static constexpr int kThreads = 384;
+  static constexpr int kQRegSteps = 32;                       // k-steps of Q held in registers (512 dims)
+  static constexpr int kChunkBytes = kBlockN * 128;           // 32 rows x 64 dims (128 B) = 4 swizzle atoms
+  static constexpr int kChunks = kQKDim / 64;
+  static constexpr int kTileBytes = kChunks * kChunkBytes;    // 36 KB per stage
+  static constexpr int kKVOff = 0;
+  static constexpr int kQRopeOff = kStages * kTileBytes;      // Q dims 512-575: 64 rows x 128 B, swizzled
+  static constexpr int kPOff = kQRopeOff + 64 * 128;          // P: 64 rows x 64 keys (32 used), swizzled
+  static constexpr int kAlphaOff = kPOff + 64 * 128;          // [64] rescale factor per row
+  static constexpr int kStatOff = kAlphaOff + 64 * 4;         // [2][64] final row max, row sum
+  static constexpr int kSumOff = kStatOff + 2 * 64 * 4;       // [128 threads][2] running partial row sums
+  static constexpr int kSmemUsed = kSumOff + 128 * 2 * 4;
+  static constexpr int kSmemBytes = kSmemUsed + 1024;         // slack to align the base to 1024 B
+  static constexpr int kRegsS = 184, kRegsPV = 160;
+  static_assert(128 * (kRegsS + 2 * kRegsPV) <= 168 * kThreads, "register budget of one CTA per SM");
+};
+
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// S[64 x 32] = Q K^T over 576 dims, K from the 32-key tile at sK: the 512 latent dims with Q from
+// registers (qa[k-step]), the 64 RoPE dims with Q from shared memory (sQRope).
+__device__ __forceinline__ void qk_tile_rs_issue(float (&s)[4][4], const uint32_t (&qa)[32][4], uint32_t sQRope,
+                                                 uint32_t sK) {
+  constexpr int kChunk = ConfigWgmmaWs::kChunkBytes;
+  wgmma_fence();
+  const uint64_t kb = smem_desc(sK, 16, 1024), qr = smem_desc(sQRope, 16, 1024);
+#pragma unroll
+  for (int ks = 0; ks < 32; ++ks)
+    wgmma_m64n32k16_rs(s, qa[ks], kb + (ks / 4) * (kChunk >> 4) + 2 * (ks % 4), ks > 0);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) wgmma_m64n32k16(s, qr + 2 * k, kb + 8 * (kChunk >> 4) + 2 * k, 1);
+  wgmma_commit();
+}
+
+// Q rows r_lo, r_lo + 8 of the tile, dims 0-511, as the A fragments of 32 k-steps. Padding rows
+// (past valid_rows) load the tile's first row instead: finite values whose results are dropped.
+// (A select per register instead costs ptxas ~20 registers here, and WG0 has none to spare.)
+__device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[32][4], const __nv_bfloat16* q, const WorkItem& w,
+                                                 int r_lo, int lane) {
+  const int row_lo = r_lo < w.valid_rows ? r_lo : 0, row_hi = r_lo + 8 < w.valid_rows ? r_lo + 8 : 0;
+  const uint32_t* q_lo = reinterpret_cast<const uint32_t*>(q + (w.q_row_base + row_lo) * kQKDim) + lane % 4;
+  const uint32_t* q_hi = reinterpret_cast<const uint32_t*>(q + (w.q_row_base + row_hi) * kQKDim) + lane % 4;
+#pragma unroll
+  for (int ks = 0; ks < 32; ++ks) {  // 32-bit word 8 ks + lane % 4: dims 16 ks + 2 (lane % 4), +1
+    qa[ks][0] = __ldg(q_lo + ks * 8);
+    qa[ks][1] = __ldg(q_hi + ks * 8);
+    qa[ks][2] = __ldg(q_lo + ks * 8 + 4);
+    qa[ks][3] = __ldg(q_hi + ks * 8 + 4);
+  }
+}
+
+// One PV warpgroup's share of a KV row of a 32-key tile: the 16-byte units of its chunks (half 0:
+// chunks 0-3 and 8, half 1: chunks 4-7); four threads per row, `sub` takes units sub and sub + 4.
+// `src` must be a readable address even when !valid (nothing is read then).
+__device__ __forceinline__ void copy_row_half(uint32_t dst_tile, int r, int sub, int half, const __nv_bfloat16* src,
+                                              bool valid) {
+  constexpr int kChunk = ConfigWgmmaWs::kChunkBytes;
+  const uint32_t row = dst_tile + r * 128;
+  const uint32_t u0 = ((sub ^ (r & 7)) << 4), u1 = (((sub + 4) ^ (r & 7)) << 4);
+#pragma unroll
+  for (int ci = 0; ci < 5; ++ci) {
+    if (ci < 4 || half == 0) {
+      const int c = ci == 4 ? 8 : 4 * half + ci;
+      cp_async_16_shared(row + c * kChunk + u0, src + c * 64 + sub * 8, valid);
+      cp_async_16_shared(row + c * kChunk + u1, src + c * 64 + (sub + 4) * 8, valid);
+    }
+  }
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_kernel(Params p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kM = Cfg::kM, kBN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
+  static_assert(kM == 64 && kBN == 32 && kThreads == 384, "layout below assumes these");
+  constexpr int kBarFull = 1, kBarPReady = kBarFull + kStages, kBarPVDone = kBarPReady + 1, kBarS = kBarPVDone + 1;
+  static_assert(kBarS < 16, "16 named barriers per CTA");
+
+  const int item = blockIdx.x;
+  __shared__ BlockPlan s_plan;
+  plan_block<Cfg>(p, item, &s_plan);
+  if (item >= s_plan.num_items) return;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];  // aligned to 1024 B below
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint32_t sKV = base + Cfg::kKVOff, sP = base + Cfg::kPOff, sQRope = base + Cfg::kQRopeOff;
+  float* sAlpha = reinterpret_cast<float*>(smem_raw + (base - raw) + Cfg::kAlphaOff);
+  float* sStat = reinterpret_cast<float*>(smem_raw + (base - raw) + Cfg::kStatOff);
+  float2* sSum = reinterpret_cast<float2*>(smem_raw + (base - raw) + Cfg::kSumOff);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int wg = warp / 4;
+  const int r_lo = (warp % 4) * 16 + lane / 4;  // this thread's accumulator rows: r_lo, r_lo + 8
+  __shared__ WorkItem s_item;
+  if (tid == 0) s_item = decode_item<kM>(p, s_plan, item);
+  __syncthreads();
+  const WorkItem& w = s_item;
+  const int num_tiles = ceil_div(w.kv_end - w.kv_begin, kBN);
+
+  if (wg == 0) {
+    // ================= WG0: S, online softmax =================
+    setmaxnreg_inc<Cfg::kRegsS>();
+    {
+      // Q's RoPE dims into shared memory: two threads per row, 4 of its 8 units each.
+      const int r = tid / 2, sub = tid % 2;
+      const bool ok = r < w.valid_rows;
+      const __nv_bfloat16* src = p.q + (ok ? (w.q_row_base + r) * kQKDim + 512 : 0);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int u = sub + 2 * k;
+        cp_async_16_shared(sQRope + r * 128 + ((u ^ (r & 7)) << 4), src + u * 8, ok);
+      }
+      cp_async_commit();
+    }
+    uint32_t qa[Cfg::kQRegSteps][4];
+    load_q_fragments(qa, p.q, w, r_lo, lane);
+    cp_async_wait<0>();
+    fence_proxy_async();
+    named_bar_sync(kBarS, 128);  // all of WG0's RoPE rows landed
+    // Running max in registers; each thread's partial row sums (its 8 keys of a tile, quad-summed
+    // at the end) in shared memory: the two registers are what the masked path needs next to Q.
+    float m_lo = -INFINITY, m_hi = -INFINITY;
+    sSum[tid] = make_float2(0.f, 0.f);
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      const int stage = tile % kStages;
+      named_bar_sync(kBarFull + stage, kThreads);  // tile landed
+      float s[4][4];
+      qk_tile_rs_issue(s, qa, sQRope, sKV + stage * Cfg::kTileBytes);
+      wgmma_wait<0>();
+      fence_regs(s);
+
+      const int t0 = w.kv_begin + tile * kBN;
+      if (tile_needs_mask(w, t0, kBN)) {
+        // Visibility bits first, in a rolled loop (few registers live next to Q), then applied.
+        const int pos0 = t0 + (lane % 4) * 2;
+        const int tok_lo = row_token(w, r_lo, p.num_heads), tok_hi = row_token(w, r_lo + 8, p.num_heads);
+        uint32_t vis = 0;
+#pragma unroll 1
+        for (int q = 0; q < 16; ++q)
+          vis |= static_cast<uint32_t>(key_visible(w, pos0 + (q / 4) * 8 + (q & 1), (q & 2) ? tok_hi : tok_lo)) << q;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (!((vis >> (j * 4 + e)) & 1u)) s[j][e] = -INFINITY;
+      }
+      float mx_lo = m_lo, mx_hi = m_hi;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] *= p.scale_log2;
+        mx_lo = fmaxf(mx_lo, fmaxf(s[j][0], s[j][1]));
+        mx_hi = fmaxf(mx_hi, fmaxf(s[j][2], s[j][3]));
+      }
+      quad_max(mx_lo, mx_hi);
+      // A row that has seen only masked keys keeps max -inf; subtract 0 then so exp2 gives 0, not NaN.
+      const float ref_lo = mx_lo == -INFINITY ? 0.f : mx_lo;
+      const float ref_hi = mx_hi == -INFINITY ? 0.f : mx_hi;
+      const float alpha_lo = fast_exp2(m_lo - ref_lo), alpha_hi = fast_exp2(m_hi - ref_hi);
+      m_lo = mx_lo;
+      m_hi = mx_hi;
+      float sum_lo = 0.f, sum_hi = 0.f;
+      uint32_t pk[4][2];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float p0 = fast_exp2(s[j][0] - ref_lo), p1 = fast_exp2(s[j][1] - ref_lo);
+        const float p2 = fast_exp2(s[j][2] - ref_hi), p3 = fast_exp2(s[j][3] - ref_hi);
+        sum_lo += p0 + p1;
+        sum_hi += p2 + p3;
+        pk[j][0] = pack_bf16(p0, p1);
+        pk[j][1] = pack_bf16(p2, p3);
+      }
+      {
+        const float2 l = sSum[tid];
+        sSum[tid] = make_float2(l.x * alpha_lo + sum_lo, l.y * alpha_hi + sum_hi);
+      }
+      if (tile > 0) named_bar_sync(kBarPVDone, kThreads);  // the previous tile's PV no longer reads P
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        store_p_pair(sP, r_lo, j * 8 + (lane % 4) * 2, pk[j][0]);
+        store_p_pair(sP, r_lo + 8, j * 8 + (lane % 4) * 2, pk[j][1]);
+      }
+      if (lane % 4 == 0) {
+        sAlpha[r_lo] = alpha_lo;
+        sAlpha[r_lo + 8] = alpha_hi;
+      }
+      fence_proxy_async();
+      named_bar_arrive(kBarPReady, kThreads);
+    }
+    named_bar_sync(kBarPVDone, kThreads);  // the last tile's PV (num_tiles >= 1: a split has keys)
+    float l_lo = sSum[tid].x, l_hi = sSum[tid].y;
+    quad_sum(l_lo, l_hi);
+    if (lane % 4 == 0) {
+      sStat[r_lo] = m_lo;
+      sStat[r_lo + 8] = m_hi;
+      sStat[64 + r_lo] = l_lo;
+      sStat[64 + r_lo + 8] = l_hi;
+    }
+    __syncthreads();  // row statistics published
+  } else {
+    // ================= WG1 / WG2: gather, O += P V =================
+    setmaxnreg_dec<Cfg::kRegsPV>();
+    const int half = wg - 1;
+    const int ptid = tid - 128 * wg;                 // 0..127 within the warpgroup
+    const int ld_row = ptid / 4, ld_sub = ptid % 4;  // gather: four threads per KV row
+    auto fetch_slot = [&](int tile) -> int {
+      const int pos = w.kv_begin + tile * kBN + ld_row;
+      return tile < num_tiles && pos < w.kv_end ? __ldg(p.kv_indices + pos) : -1;
+    };
+    auto load_tile = [&](int slot, int stage) {
+      // Rows past the split, and slots outside the pool, are zero-filled (never read).
+      const bool ok = slot >= 0 && slot < p.num_slots;
+      const __nv_bfloat16* src = p.kv + (ok ? static_cast<int64_t>(slot) * kQKDim : 0);
+      copy_row_half(sKV + stage * Cfg::kTileBytes, ld_row, ld_sub, half, src, ok);
+    };
+#pragma unroll 1
+    for (int t = 0; t < kStages; ++t) {
+      if (t < num_tiles) load_tile(fetch_slot(t), t);
+      cp_async_commit();
+    }
+    float o[32][4];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    cp_async_wait<kStages - 1>();
+    fence_proxy_async();
+    named_bar_arrive(kBarFull + 0, kThreads);
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      const int next_slot = fetch_slot(tile + kStages);  // consumed after this tile's PV
+      named_bar_sync(kBarPReady, kThreads);
+      const float alpha_lo = sAlpha[r_lo], alpha_hi = sAlpha[r_lo + 8];
+      // Skipped when no row of the warp moved its max (alpha == 1 exactly): bitwise the same.
+      if (__any_sync(0xffffffffu, alpha_lo != 1.f || alpha_hi != 1.f))
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          o[j][0] *= alpha_lo;
+          o[j][1] *= alpha_lo;
+          o[j][2] *= alpha_hi;
+          o[j][3] *= alpha_hi;
+        }
+      const uint32_t sK = sKV + (tile % kStages) * Cfg::kTileBytes;
+      pv_tile_issue<kBN, Cfg::kChunkBytes>(o, sP, sK, half);
+      // While PV runs: the next tile (gathered kStages - 1 tiles ago) should have landed.
+      cp_async_wait<kStages - 2>();
+      fence_proxy_async();
+      if (tile + 1 < num_tiles) named_bar_arrive(kBarFull + (tile + 1) % kStages, kThreads);
+      pv_tile_wait(o);
+      named_bar_arrive(kBarPVDone, kThreads);
+      // This warpgroup's chunks of the stage are free now (QK of this tile finished before P).
+      if (tile + kStages < num_tiles) load_tile(next_slot, tile % kStages);
+      cp_async_commit();
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // row statistics published
+    const float m_lo = sStat[r_lo], m_hi = sStat[r_lo + 8];
+    const float l_lo = sStat[64 + r_lo], l_hi = sStat[64 + r_lo + 8];
+    store_rows<kM>(p, w, o, m_lo, m_hi, l_lo, l_hi, r_lo, half * 256 + (lane % 4) * 2, half == 0);
+  }
 #else
   __trap();  // built for sm_90a only; the launcher never selects it elsewhere
 #endif
