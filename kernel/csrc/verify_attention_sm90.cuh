@@ -113,6 +113,20 @@ __device__ __forceinline__ void wgmma_m64n32k16_rs(float (&d)[4][4], const uint3
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
+// The same with D = A B (no accumulate): D is write-only, so the compiler need not keep or
+// define its previous contents.
+__device__ __forceinline__ void wgmma_m64n32k16_rs_first(float (&d)[4][4], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "=f"(d[0][0]), "=f"(d[0][1]), "=f"(d[0][2]), "=f"(d[0][3]),
+        "=f"(d[1][0]), "=f"(d[1][1]), "=f"(d[1][2]), "=f"(d[1][3]),
+        "=f"(d[2][0]), "=f"(d[2][1]), "=f"(d[2][2]), "=f"(d[2][3]),
+        "=f"(d[3][0]), "=f"(d[3][1]), "=f"(d[3][2]), "=f"(d[3][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
 // D[64 x 256] (+)= A[64 x 16] B[16 x 256]; A K-major, B MN-major (transposed) in shared memory.
 __device__ __forceinline__ void wgmma_m64n256k16_vmn(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile(
@@ -441,9 +455,9 @@ __device__ __forceinline__ void qk_tile_rs_issue(float (&s)[4][4], const uint32_
   constexpr int kChunk = ConfigWgmmaWs::kChunkBytes;
   wgmma_fence();
   const uint64_t kb = smem_desc(sK, 16, 1024), qr = smem_desc(sQRope, 16, 1024);
+  wgmma_m64n32k16_rs_first(s, qa[0], kb);
 #pragma unroll
-  for (int ks = 0; ks < 32; ++ks)
-    wgmma_m64n32k16_rs(s, qa[ks], kb + (ks / 4) * (kChunk >> 4) + 2 * (ks % 4), ks > 0);
+  for (int ks = 1; ks < 32; ++ks) wgmma_m64n32k16_rs(s, qa[ks], kb + (ks / 4) * (kChunk >> 4) + 2 * (ks % 4), 1);
 #pragma unroll
   for (int k = 0; k < 4; ++k) wgmma_m64n32k16(s, qr + 2 * k, kb + 8 * (kChunk >> 4) + 2 * k, 1);
   wgmma_commit();
@@ -561,15 +575,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
           for (int e = 0; e < 4; ++e)
             if (!((vis >> (j * 4 + e)) & 1u)) s[j][e] = -INFINITY;
       }
-      float mx_lo = m_lo, mx_hi = m_hi;
+      // Row maxima of the raw scores, then scaled (the scale is positive); the scale is folded into
+      // the exponent's FMA below.
+      float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] *= p.scale_log2;
         mx_lo = fmaxf(mx_lo, fmaxf(s[j][0], s[j][1]));
         mx_hi = fmaxf(mx_hi, fmaxf(s[j][2], s[j][3]));
       }
       quad_max(mx_lo, mx_hi);
+      const float scale = p.scale_log2;
+      mx_lo = fmaxf(m_lo, mx_lo * scale);
+      mx_hi = fmaxf(m_hi, mx_hi * scale);
       // A row that has seen only masked keys keeps max -inf; subtract 0 then so exp2 gives 0, not NaN.
       const float ref_lo = mx_lo == -INFINITY ? 0.f : mx_lo;
       const float ref_hi = mx_hi == -INFINITY ? 0.f : mx_hi;
@@ -580,8 +597,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       uint32_t pk[4][2];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float p0 = fast_exp2(s[j][0] - ref_lo), p1 = fast_exp2(s[j][1] - ref_lo);
-        const float p2 = fast_exp2(s[j][2] - ref_hi), p3 = fast_exp2(s[j][3] - ref_hi);
+        const float p0 = fast_exp2(fmaf(s[j][0], scale, -ref_lo)), p1 = fast_exp2(fmaf(s[j][1], scale, -ref_lo));
+        const float p2 = fast_exp2(fmaf(s[j][2], scale, -ref_hi)), p3 = fast_exp2(fmaf(s[j][3], scale, -ref_hi));
         sum_lo += p0 + p1;
         sum_hi += p2 + p3;
         pk[j][0] = pack_bf16(p0, p1);
@@ -643,6 +660,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     named_bar_arrive(kBarFull + 0, kThreads);
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int next_slot = fetch_slot(tile + kStages);  // consumed after this tile's PV
+      // The next tile (gathered kStages - 1 tiles ago) should have landed; WG0 may start its QK
+      // before it hands over this tile's P.
+      cp_async_wait<kStages - 2>();
+      fence_proxy_async();
+      if (tile + 1 < num_tiles) named_bar_arrive(kBarFull + (tile + 1) % kStages, kThreads);
       named_bar_sync(kBarPReady, kThreads);
       const float alpha_lo = sAlpha[r_lo], alpha_hi = sAlpha[r_lo + 8];
       // Skipped when no row of the warp moved its max (alpha == 1 exactly): bitwise the same.
@@ -656,10 +678,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         }
       const uint32_t sK = sKV + (tile % kStages) * Cfg::kTileBytes;
       pv_tile_issue<kBN, Cfg::kChunkBytes>(o, sP, sK, half);
-      // While PV runs: the next tile (gathered kStages - 1 tiles ago) should have landed.
-      cp_async_wait<kStages - 2>();
-      fence_proxy_async();
-      if (tile + 1 < num_tiles) named_bar_arrive(kBarFull + (tile + 1) % kStages, kThreads);
       pv_tile_wait(o);
       named_bar_arrive(kBarPVDone, kThreads);
       // This warpgroup's chunks of the stage are free now (QK of this tile finished before P).
