@@ -631,9 +631,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       sStat[64 + r_lo] = l_lo;
       sStat[64 + r_lo + 8] = l_hi;
     }
-    // Row statistics published. A named barrier, arrive here and sync in WG1/WG2, like every
-    // other hand-off: two __syncthreads() in the two branches would be two different aligned
-    // barrier instructions, which compute-sanitizer racecheck rightly does not accept as one.
+    // Row statistics published: a fence, then a named barrier (arrive here, sync in WG1/WG2).
+    // bar.arrive alone does not order this thread's earlier shared-memory writes for the
+    // waiting side (the P hand-off gets that from its proxy fence), and two __syncthreads() in
+    // the two role branches would be two different aligned barrier instructions; racecheck
+    // reports hazards for either.
+    __threadfence_block();
     named_bar_arrive(kBarStats, kThreads);
   } else {
     // ================= WG1 / WG2: gather, O += P V =================
