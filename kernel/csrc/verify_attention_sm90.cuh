@@ -391,13 +391,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 }
 
 // ---------------------------------------------------------------------------------------------
-// Warp-specialized variant (config "wgmma-ws", kernel/NOTES.md v8): three warpgroups, 384 threads,
+// Warp-specialized variant (config "wgmma-ws", kernel/NOTES.md v8-v9): three warpgroups, 384 threads,
 // KV tiles of 32 keys in 5 stages.
 //   WG0  ("S")   holds Q's 512 latent dims in registers (the wgmma A operand: 32 k-steps x 4
 //                registers) and its 64 RoPE dims in shared memory, computes S = Q K^T for the 32
 //                keys of a tile (36 x wgmma m64n32k16, K from shared memory),
 //                the online softmax, and writes bf16 P and each row's rescale factor to shared
-//                memory. It keeps the running max and sum.
+//                memory. It keeps the running max (registers) and its partial row sums (shared
+//                memory).
 //   WG1, WG2     each own 256 of the 512 output dims (O: 128 registers per thread), multiply P by
 //                their half of V (2 x wgmma m64n256k16), and gather the KV chunks that they alone
 //                read for PV: WG1 dims 0-255 (chunks 0-3) and the RoPE chunk 8 (read only by QK,
@@ -408,9 +409,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 //   kBarFull + s  tile in stage s landed (WG1/WG2 -> WG0)
 //   kBarPReady    P and the rescale factors of the current tile written (WG0 -> WG1/WG2)
 //   kBarPVDone    both halves of PV done with P (WG1/WG2 -> WG0, before it overwrites P)
+//   kBarStats     final row max and sum written (WG0 -> WG1/WG2, once)
+//   kBarS         WG0's own 128 threads: Q's RoPE rows landed (once)
 // Registers: setmaxnreg moves WG0 to 184 and WG1/WG2 to 160 each (128 x (184 + 2 x 160) = 64512,
-// the 168 x 384 the CTA starts with). All of Q in registers, or 64-key tiles, would need 16 more
-// registers in WG0 than that (ptxas spills).
+// the 168 x 384 the CTA starts with). ptxas accepts no less than 160 for a PV warpgroup, and
+// spills in WG0 with all of Q in registers or with 64-key tiles (S twice as large).
 // ---------------------------------------------------------------------------------------------
 struct ConfigWgmmaWs {
   static constexpr int kM = 64;
