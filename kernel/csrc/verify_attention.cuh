@@ -162,6 +162,20 @@ __device__ __forceinline__ void quad_sum(float& lo, float& hi) {
   }
 }
 
+// The online-softmax step of a thread's two rows (r and r + 8) once their new running maxima are
+// known: the max to subtract from the tile's scores (0 for a row that has seen only masked keys,
+// max -inf, so that exp2 gives 0 and not NaN), the factor that rescales what was accumulated
+// against the old max m, and m = mx.
+__device__ __forceinline__ void advance_max(float& m_lo, float& m_hi, float mx_lo, float mx_hi, float& ref_lo,
+                                            float& ref_hi, float& alpha_lo, float& alpha_hi) {
+  ref_lo = mx_lo == -INFINITY ? 0.f : mx_lo;
+  ref_hi = mx_hi == -INFINITY ? 0.f : mx_hi;
+  alpha_lo = fast_exp2(m_lo - ref_lo);
+  alpha_hi = fast_exp2(m_hi - ref_hi);
+  m_lo = mx_lo;
+  m_hi = mx_hi;
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
@@ -605,12 +619,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     pair_barrier(row_group);
     mx_lo = fmaxf(mx_lo, sRed[(warp ^ 1) * 16 + lane / 4]);
     mx_hi = fmaxf(mx_hi, sRed[(warp ^ 1) * 16 + lane / 4 + 8]);
-    // A row that has seen only masked keys keeps max -inf; subtract 0 then so exp2 gives 0, not NaN.
-    const float ref_lo = mx_lo == -INFINITY ? 0.f : mx_lo;
-    const float ref_hi = mx_hi == -INFINITY ? 0.f : mx_hi;
-    const float alpha_lo = fast_exp2(m_lo - ref_lo), alpha_hi = fast_exp2(m_hi - ref_hi);
-    m_lo = mx_lo;
-    m_hi = mx_hi;
+    float ref_lo, ref_hi, alpha_lo, alpha_hi;
+    advance_max(m_lo, m_hi, mx_lo, mx_hi, ref_lo, ref_hi, alpha_lo, alpha_hi);
     float sum_lo = 0.f, sum_hi = 0.f;
     __nv_bfloat16* p_row = sP + (row_group * 16 + lane / 4) * Cfg::kPRow + half * kOwnKeys + (lane % 4) * 2;
 #pragma unroll

@@ -168,6 +168,20 @@ __device__ __forceinline__ void wgmma_m64n256k16_vmn(float (&d)[32][4], uint64_t
         "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
+// O (rows r_lo, r_lo + 8 of a 64 x 256 accumulator) times the rows' rescale factors. Skipped when
+// no row of the warp moved its max (alpha == 1 exactly): multiplying by 1 is the identity, so the
+// result is bitwise the same (kernel/NOTES.md, v4 experiments).
+__device__ __forceinline__ void rescale_o_lazy(float (&o)[32][4], float alpha_lo, float alpha_hi) {
+  if (__any_sync(0xffffffffu, alpha_lo != 1.f || alpha_hi != 1.f))
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      o[j][0] *= alpha_lo;
+      o[j][1] *= alpha_lo;
+      o[j][2] *= alpha_hi;
+      o[j][3] *= alpha_hi;
+    }
+}
+
 // The tile steps of the main kernel, also driven on their own by the wgmma probe test
 // (tests/wgmma_probe.cu), which checks them against torch matmuls.
 
@@ -335,12 +349,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
     __syncthreads();
     mx_lo = fmaxf(mx_lo, sRed[(wg ^ 1) * 64 + r_lo]);
     mx_hi = fmaxf(mx_hi, sRed[(wg ^ 1) * 64 + r_lo + 8]);
-    // A row that has seen only masked keys keeps max -inf; subtract 0 then so exp2 gives 0, not NaN.
-    const float ref_lo = mx_lo == -INFINITY ? 0.f : mx_lo;
-    const float ref_hi = mx_hi == -INFINITY ? 0.f : mx_hi;
-    const float alpha_lo = fast_exp2(m_lo - ref_lo), alpha_hi = fast_exp2(m_hi - ref_hi);
-    m_lo = mx_lo;
-    m_hi = mx_hi;
+    float ref_lo, ref_hi, alpha_lo, alpha_hi;
+    advance_max(m_lo, m_hi, mx_lo, mx_hi, ref_lo, ref_hi, alpha_lo, alpha_hi);
     float sum_lo = 0.f, sum_hi = 0.f;
     // This thread's probabilities: keys 32 wg + 8 j + 2 (lane % 4) (+1) of rows r_lo, r_lo + 8.
 #pragma unroll
@@ -355,16 +365,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
     // Each warpgroup keeps the sum over its own keys; the two are added once, after the last tile.
     l_lo = l_lo * alpha_lo + sum_lo;
     l_hi = l_hi * alpha_hi + sum_hi;
-    // Skipped when no row of the warp moved its max (alpha == 1 exactly): multiplying by 1 is the
-    // identity, so the result is bitwise the same (kernel/NOTES.md, v4 experiments).
-    if (__any_sync(0xffffffffu, alpha_lo != 1.f || alpha_hi != 1.f))
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      o[j][0] *= alpha_lo;
-      o[j][1] *= alpha_lo;
-      o[j][2] *= alpha_hi;
-      o[j][3] *= alpha_hi;
-    }
+    rescale_o_lazy(o, alpha_lo, alpha_hi);
     fence_proxy_async();
     __syncthreads();  // P complete
 
@@ -591,12 +592,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       const float scale = p.scale_log2;
       mx_lo = fmaxf(m_lo, mx_lo * scale);
       mx_hi = fmaxf(m_hi, mx_hi * scale);
-      // A row that has seen only masked keys keeps max -inf; subtract 0 then so exp2 gives 0, not NaN.
-      const float ref_lo = mx_lo == -INFINITY ? 0.f : mx_lo;
-      const float ref_hi = mx_hi == -INFINITY ? 0.f : mx_hi;
-      const float alpha_lo = fast_exp2(m_lo - ref_lo), alpha_hi = fast_exp2(m_hi - ref_hi);
-      m_lo = mx_lo;
-      m_hi = mx_hi;
+      float ref_lo, ref_hi, alpha_lo, alpha_hi;
+      advance_max(m_lo, m_hi, mx_lo, mx_hi, ref_lo, ref_hi, alpha_lo, alpha_hi);
       float sum_lo = 0.f, sum_hi = 0.f;
       uint32_t pk[4][2];
 #pragma unroll
@@ -677,15 +674,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       if (tile + 1 < num_tiles) named_bar_arrive(kBarFull + (tile + 1) % kStages, kThreads);
       named_bar_sync(kBarPReady, kThreads);
       const float alpha_lo = sAlpha[r_lo], alpha_hi = sAlpha[r_lo + 8];
-      // Skipped when no row of the warp moved its max (alpha == 1 exactly): bitwise the same.
-      if (__any_sync(0xffffffffu, alpha_lo != 1.f || alpha_hi != 1.f))
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          o[j][0] *= alpha_lo;
-          o[j][1] *= alpha_lo;
-          o[j][2] *= alpha_hi;
-          o[j][3] *= alpha_hi;
-        }
+      rescale_o_lazy(o, alpha_lo, alpha_hi);
       const uint32_t sK = sKV + (tile % kStages) * Cfg::kTileBytes;
       pv_tile_issue<kBN, Cfg::kChunkBytes>(o, sP, sK, half);
       pv_tile_wait(o);
