@@ -408,9 +408,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 // tile i + 1 while WG1/WG2 multiply tile i, and a stage is refilled 5 tiles ahead.
 // Hand-offs are named barriers (bar.arrive by the producing side, bar.sync by the waiting side):
 //   kBarFull + s  tile in stage s landed (WG1/WG2 -> WG0)
-//   kBarPReady    P and the rescale factors of the current tile written (WG0 -> WG1/WG2)
+//   kBarPReady    P and the rescale factors of the current tile written (WG0 -> WG1/WG2);
+//                 with the last tile, also the final row max and sum
 //   kBarPVDone    both halves of PV done with P (WG1/WG2 -> WG0, before it overwrites P)
-//   kBarStats     final row max and sum written (WG0 -> WG1/WG2, once)
 //   kBarS         WG0's own 128 threads: Q's RoPE rows landed (once)
 // Registers: setmaxnreg moves WG0 to 184 and WG1/WG2 to 160 each (128 x (184 + 2 x 160) = 64512,
 // the 168 x 384 the CTA starts with). ptxas accepts no less than 160 for a PV warpgroup, and
@@ -508,8 +508,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   constexpr int kM = Cfg::kM, kBN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
   static_assert(kM == 64 && kBN == 32 && kThreads == 384, "layout below assumes these");
   constexpr int kBarFull = 1, kBarPReady = kBarFull + kStages, kBarPVDone = kBarPReady + 1, kBarS = kBarPVDone + 1;
-  constexpr int kBarStats = kBarS + 1;
-  static_assert(kBarStats < 16, "16 named barriers per CTA");
+  static_assert(kBarS < 16, "16 named barriers per CTA");
 
   const int item = blockIdx.x;
   __shared__ BlockPlan s_plan;
@@ -606,8 +605,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         pk[j][1] = pack_bf16(p2, p3);
       }
       {
-        const float2 l = sSum[tid];
-        sSum[tid] = make_float2(l.x * alpha_lo + sum_lo, l.y * alpha_hi + sum_hi);
+        const float2 l0 = sSum[tid];
+        float l_lo = l0.x * alpha_lo + sum_lo, l_hi = l0.y * alpha_hi + sum_hi;
+        sSum[tid] = make_float2(l_lo, l_hi);
+        if (tile == num_tiles - 1) {
+          // The final row statistics travel with the last tile's P, through the same hand-off.
+          quad_sum(l_lo, l_hi);
+          if (lane % 4 == 0) {
+            sStat[r_lo] = m_lo;
+            sStat[r_lo + 8] = m_hi;
+            sStat[64 + r_lo] = l_lo;
+            sStat[64 + r_lo + 8] = l_hi;
+          }
+        }
       }
       if (tile > 0) named_bar_sync(kBarPVDone, kThreads);  // the previous tile's PV no longer reads P
 #pragma unroll
@@ -623,21 +633,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       named_bar_arrive(kBarPReady, kThreads);
     }
     named_bar_sync(kBarPVDone, kThreads);  // the last tile's PV (num_tiles >= 1: a split has keys)
-    float l_lo = sSum[tid].x, l_hi = sSum[tid].y;
-    quad_sum(l_lo, l_hi);
-    if (lane % 4 == 0) {
-      sStat[r_lo] = m_lo;
-      sStat[r_lo + 8] = m_hi;
-      sStat[64 + r_lo] = l_lo;
-      sStat[64 + r_lo + 8] = l_hi;
-    }
-    // Row statistics published: a fence, then a named barrier (arrive here, sync in WG1/WG2).
-    // bar.arrive alone does not order this thread's earlier shared-memory writes for the
-    // waiting side (the P hand-off gets that from its proxy fence), and two __syncthreads() in
-    // the two role branches would be two different aligned barrier instructions; racecheck
-    // reports hazards for either.
-    __threadfence_block();
-    named_bar_arrive(kBarStats, kThreads);
   } else {
     // ================= WG1 / WG2: gather, O += P V =================
     setmaxnreg_dec<Cfg::kRegsPV>();
@@ -684,7 +679,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       cp_async_commit();
     }
     cp_async_wait<0>();
-    named_bar_sync(kBarStats, kThreads);  // row statistics published
+    // Row statistics: written by WG0 before the last tile's kBarPReady, which this warpgroup
+    // passed. (A barrier of their own, arrive in WG0 and sync here, drew racecheck hazards.)
     const float m_lo = sStat[r_lo], m_hi = sStat[r_lo + 8];
     const float l_lo = sStat[64 + r_lo], l_hi = sStat[64 + r_lo + 8];
     store_rows<kM>(p, w, o, m_lo, m_hi, l_lo, l_hi, r_lo, half * 256 + (lane % 4) * 2, half == 0);
