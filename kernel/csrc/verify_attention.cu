@@ -85,13 +85,25 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
   }
   main_kernel<<<plan.max_items, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   const int rows = a.num_tokens * a.num_heads;
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(rows);
+  lc.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  lc.attrs = attr;
+  // The wgmma kernels trigger the combine's launch early (griddepcontrol); sm_90a only.
+  lc.numAttrs = plan.config == kConfigWgmmaWs || plan.config == kConfigWgmma ? 1 : 0;
   // Few rows means many splits per row (the plan fills the GPU): 4 groups read a row's splits
   // in parallel. Many rows (few splits each) already fill the GPU with one group per row.
-  if (rows <= kCombineManySplitsRows)
-    combine_kernel<Cfg, 4><<<rows, 4 * kCombineLanes, 0, stream>>>(p, rows);
-  else
-    combine_kernel<Cfg, 1><<<rows, kCombineLanes, 0, stream>>>(p, rows);
-  return cudaGetLastError();
+  if (rows <= kCombineManySplitsRows) {
+    lc.blockDim = dim3(4 * kCombineLanes);
+    return cudaLaunchKernelEx(&lc, combine_kernel<Cfg, 4>, p, rows);
+  }
+  lc.blockDim = dim3(kCombineLanes);
+  return cudaLaunchKernelEx(&lc, combine_kernel<Cfg, 1>, p, rows);
 }
 
 }  // namespace

@@ -198,14 +198,14 @@ __device__ __forceinline__ int upper_index(const int32_t* prefix, int n, int x) 
 //    are a few int32 per request and the result is the same in every CTA: same data, same
 //    reduction order). CTA 0 also writes it to the workspace for the combine.
 // ---------------------------------------------------------------------------------------------
-template <int kThreads>
-__device__ __forceinline__ int block_sum(int v, int* scratch) {
+template <int kThreads, class T>
+__device__ __forceinline__ T block_sum(T v, T* scratch) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  int total = 0;
+  T total = 0;
   for (int w = 0; w < kThreads / 32; ++w) total += scratch[w];
   return total;
 }
@@ -259,24 +259,40 @@ template <class Cfg>
 __device__ __forceinline__ void plan_block(const Params& p, int item, BlockPlan* out) {
   constexpr int kT = Cfg::kThreads;
   __shared__ int scratch[kT / 32];
+  __shared__ long long scratch64[kT / 32];
   const int H = p.num_heads;
-  // Largest request and number of row tiles with no split.
+  // Largest request, number of row tiles with no split, and keys x row tiles (the work).
   int max_len = 0, unsplit = 0;
+  long long work = 0;
   for (int b = threadIdx.x; b < p.batch; b += kT) {
     const int len = p.kv_indptr[b + 1] - p.kv_indptr[b];
     const int rows = (p.qo_indptr[b + 1] - p.qo_indptr[b]) * H;
     max_len = max(max_len, len);
     unsplit += ceil_div(rows, Cfg::kM);
+    work += static_cast<long long>(len) * ceil_div(rows, Cfg::kM);
   }
   max_len = block_max<kT>(max_len, scratch);
   unsplit = block_sum<kT>(unsplit, scratch);
+  work = block_sum<kT>(work, scratch64);
 
   // Smallest split length (in tiles) whose item count fits max_partials; no split at all when
   // the unsplit work already fills the GPU. Item count is non-increasing in the length, so
   // bisect. Every thread takes the same branches (values are block-uniform).
   const int max_tiles = max(1, ceil_div(max_len, Cfg::kBlockN));
   int lo = min(p.min_split_tiles, max_tiles), hi = max_tiles;
-  if (unsplit >= p.max_partials) lo = hi;
+  if (unsplit >= p.max_partials) {
+    lo = hi;
+  } else {
+    // Bracket first: a length L gives between work / L and work / L + unsplit items, so the
+    // answer is at least work / (max_partials BN) tiles and at most work / ((max_partials -
+    // unsplit) BN) tiles. One request: the bracket is a tile or two wide (each bisection step
+    // costs two block reductions, ~10 steps without it at a 32k prefix).
+    const long long per_tile = static_cast<long long>(p.max_partials) * Cfg::kBlockN;
+    const long long fit_tile = static_cast<long long>(p.max_partials - unsplit) * Cfg::kBlockN;
+    const long long below = (work + per_tile - 1) / per_tile, above = (work + fit_tile - 1) / fit_tile;
+    lo = max(lo, static_cast<int>(below < hi ? below : hi));
+    hi = max(lo, static_cast<int>(above < hi ? above : hi));
+  }
   while (lo < hi) {
     const int mid = (lo + hi) >> 1;
     const int L = mid * Cfg::kBlockN;
@@ -697,6 +713,11 @@ __global__ void __launch_bounds__(kGroups * kCombineLanes) combine_kernel(Params
   const int H = p.num_heads;
   const int token = row / H;
   const int b = upper_index(p.qo_indptr, p.batch + 1, token);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the main kernel (wgmma configs): wait for all of it
+  // (its plan and partials) before reading them. A no-op otherwise.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   const int splits = p.num_splits[b];
   if (splits == 1) return;  // written directly by the main kernel
   const int rows = (p.qo_indptr[b + 1] - p.qo_indptr[b]) * H;
@@ -709,8 +730,18 @@ __global__ void __launch_bounds__(kGroups * kCombineLanes) combine_kernel(Params
     return static_cast<int64_t>(base + s * row_tiles + row_tile) * Cfg::kM + in_tile;
   };
 
+  // The largest partial lse: all groups' threads read the splits' values once, then a block max.
   float mx = -INFINITY;
-  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, p.partial_lse[partial_row(s)]);
+  for (int s = threadIdx.x; s < splits; s += kGroups * kCombineLanes) mx = fmaxf(mx, p.partial_lse[partial_row(s)]);
+  {
+    __shared__ float s_max[kGroups * kCombineLanes / 32];
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (threadIdx.x % 32 == 0) s_max[threadIdx.x / 32] = mx;
+    __syncthreads();
+    mx = s_max[0];
+#pragma unroll
+    for (int k = 1; k < kGroups * kCombineLanes / 32; ++k) mx = fmaxf(mx, s_max[k]);
+  }
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float denom = 0.f;
 #pragma unroll 4
