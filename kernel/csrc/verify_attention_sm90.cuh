@@ -409,17 +409,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 //                which is done before P exists), WG2 dims 256-511 (chunks 4-7).
 // With Q (but its RoPE part) out of shared memory the KV tiles get 180 KB: WG0 computes S for
 // tile i + 1 while WG1/WG2 multiply tile i, and a stage is refilled 5 tiles ahead.
-// Hand-offs: named barriers (bar.arrive by the producing side, bar.sync by the waiting side) for
-// data that only the async proxy reads, mbarriers (every thread arrives; phase = tile parity)
-// where threads read what other threads wrote:
-//   kBarFull + s  tile in stage s landed (WG1/WG2 -> WG0; cp.async data read by wgmma)
-//   bar_p_ready   P and the rescale factors of the current tile written (WG0 -> WG1/WG2);
+// Hand-offs are named barriers (bar.arrive by the producing side, bar.sync by the waiting side):
+//   kBarFull + s  tile in stage s landed (WG1/WG2 -> WG0)
+//   kBarPReady    P and the rescale factors of the current tile written (WG0 -> WG1/WG2);
 //                 with the last tile, also the final row max and sum
-//   bar_pv_done   both halves of PV done with P and the rescale factors (WG1/WG2 -> WG0,
-//                 before it overwrites them)
+//   kBarPVDone    both halves of PV done with P (WG1/WG2 -> WG0, before it overwrites P)
 //   kBarS         WG0's own 128 threads: Q's RoPE rows landed (once)
-// (Named barriers for the rescale factors and row statistics worked, but compute-sanitizer
-// racecheck reported hazards for them: arrive/sync, sync/sync, or a __syncthreads per branch.)
+//   kBarEpilogue  WG1 + WG2: the split partial's staging (store_partial_bulk)
+// compute-sanitizer racecheck reports hazards at the rescale factors (written by WG0, read by
+// WG1/WG2 across kBarPReady / kBarPVDone): it does not follow named barriers between warpgroups
+// that execute them in different branches. mbarriers there (branch wgmma-ws-mbarrier) are
+// racecheck clean but 2-5 % slower on loop-bound cases (kernel/NOTES.md, v11).
 // Registers: setmaxnreg moves WG0 to 184 and WG1/WG2 to 160 each (128 x (184 + 2 x 160) = 64512,
 // the 168 x 384 the CTA starts with). ptxas accepts no less than 160 for a PV warpgroup, and
 // spills in WG0 with all of Q in registers or with 64-key tiles (S twice as large).
@@ -447,26 +447,6 @@ struct ConfigWgmmaWs {
 
 __device__ __forceinline__ void named_bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-// mbarriers (shared-memory barriers with phases): arrive has release and the wait acquire
-// semantics per thread, which compute-sanitizer racecheck follows; it reports hazards for data
-// handed between warpgroups through named barriers (bar.arrive / bar.sync in different branches).
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
 }
 __device__ __forceinline__ void named_bar_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
@@ -579,7 +559,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kM = Cfg::kM, kBN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
   static_assert(kM == 64 && kBN == 32 && kThreads == 384, "layout below assumes these");
-  constexpr int kBarFull = 1, kBarS = kBarFull + kStages, kBarEpilogue = kBarS + 1;
+  constexpr int kBarFull = 1, kBarPReady = kBarFull + kStages, kBarPVDone = kBarPReady + 1, kBarS = kBarPVDone + 1;
+  constexpr int kBarEpilogue = kBarS + 1;
   static_assert(kBarEpilogue < 16, "16 named barriers per CTA");
 
   const int item = blockIdx.x;
@@ -602,13 +583,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   const int wg = warp / 4;
   const int r_lo = (warp % 4) * 16 + lane / 4;  // this thread's accumulator rows: r_lo, r_lo + 8
   __shared__ WorkItem s_item;
-  __shared__ __align__(8) uint64_t s_bars[2];
-  const uint32_t bar_p_ready = smem_addr(&s_bars[0]), bar_pv_done = smem_addr(&s_bars[1]);
-  if (tid == 0) {
-    s_item = decode_item<kM>(p, s_plan, item);
-    mbar_init(bar_p_ready, 128);  // WG0's threads, once per tile: phase = tile parity
-    mbar_init(bar_pv_done, 256);  // WG1's and WG2's threads, once per tile
-  }
+  if (tid == 0) s_item = decode_item<kM>(p, s_plan, item);
   __syncthreads();
   const WorkItem& w = s_item;
   const int num_tiles = ceil_div(w.kv_end - w.kv_begin, kBN);
@@ -700,7 +675,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
           }
         }
       }
-      if (tile > 0) mbar_wait(bar_pv_done, (tile - 1) & 1);  // the previous tile's PV no longer reads P
+      if (tile > 0) named_bar_sync(kBarPVDone, kThreads);  // the previous tile's PV no longer reads P
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         store_p_pair(sP, r_lo, j * 8 + (lane % 4) * 2, pk[j][0]);
@@ -711,9 +686,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         sAlpha[r_lo + 8] = alpha_hi;
       }
       fence_proxy_async();
-      mbar_arrive(bar_p_ready);
+      named_bar_arrive(kBarPReady, kThreads);
     }
-    mbar_wait(bar_pv_done, (num_tiles - 1) & 1);  // the last tile's PV (num_tiles >= 1: a split has keys)
+    named_bar_sync(kBarPVDone, kThreads);  // the last tile's PV (num_tiles >= 1: a split has keys)
   } else {
     // ================= WG1 / WG2: gather, O += P V =================
     setmaxnreg_dec<Cfg::kRegsPV>();
@@ -748,20 +723,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       cp_async_wait<kStages - 2>();
       fence_proxy_async();
       if (tile + 1 < num_tiles) named_bar_arrive(kBarFull + (tile + 1) % kStages, kThreads);
-      mbar_wait(bar_p_ready, tile & 1);
+      named_bar_sync(kBarPReady, kThreads);
       const float alpha_lo = sAlpha[r_lo], alpha_hi = sAlpha[r_lo + 8];
       rescale_o_lazy(o, alpha_lo, alpha_hi);
       const uint32_t sK = sKV + (tile % kStages) * Cfg::kTileBytes;
       pv_tile_issue<kBN, Cfg::kChunkBytes>(o, sP, sK, half);
       pv_tile_wait(o);
-      mbar_arrive(bar_pv_done);
+      named_bar_arrive(kBarPVDone, kThreads);
       // This warpgroup's chunks of the stage are free now (QK of this tile finished before P).
       if (tile + kStages < num_tiles) load_tile(next_slot, tile % kStages);
       cp_async_commit();
     }
     cp_async_wait<0>();
-    // Row statistics: written by WG0 before its last bar_p_ready arrive, which this warpgroup
-    // waited for.
+    // Row statistics: written by WG0 before the last tile's kBarPReady, which this warpgroup
+    // passed.
     const float m_lo = sStat[r_lo], m_hi = sStat[r_lo + 8];
     const float l_lo = sStat[64 + r_lo], l_hi = sStat[64 + r_lo + 8];
     if (w.num_splits > 1)
