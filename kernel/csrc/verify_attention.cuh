@@ -210,14 +210,14 @@ __device__ __forceinline__ T block_sum(T v, T* scratch) {
   return total;
 }
 
-template <int kThreads>
-__device__ __forceinline__ int block_max(int v, int* scratch) {
+template <int kThreads, class T>
+__device__ __forceinline__ T block_max(T v, T* scratch) {
   for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  int m = scratch[0];
+  T m = scratch[0];
   for (int w = 1; w < kThreads / 32; ++w) m = max(m, scratch[w]);
   return m;
 }
@@ -420,16 +420,19 @@ __device__ __forceinline__ bool key_visible(const WorkItem& w, int pos, int tok)
 
 // Writes one thread's share of a finished tile: rows r_lo and r_lo + 8 (accumulator layout),
 // dims dim0 + 8j (+1) for j < 32. l_lo / l_hi are the rows' full softmax denominators.
+// A finished row's normalisation (1 / l) and natural-log lse from its log2-domain max m and sum l.
+// A row that saw no key (l == 0) gets 0 and -inf: the combine weighs such a partial as 0.
+__device__ __forceinline__ float row_inv(float l) { return l > 0.f ? 1.f / l : 0.f; }
+__device__ __forceinline__ float row_lse(float m, float l) { return l > 0.f ? (m + __log2f(l)) * kLn2 : -INFINITY; }
+
 template <int kM>
 __device__ __forceinline__ void store_rows(const Params& p, const WorkItem& w, const float (&o)[32][4],
                                            float m_lo, float m_hi, float l_lo, float l_hi, int r_lo,
                                            int dim0, bool write_lse) {
   // A row that saw no key in this split (possible for a split of draft tokens only) has l == 0:
   // its partial is 0 with lse -inf, which the combine weighs as 0.
-  const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f;
-  const float inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
-  const float lse_lo = l_lo > 0.f ? (m_lo + __log2f(l_lo)) * kLn2 : -INFINITY;
-  const float lse_hi = l_hi > 0.f ? (m_hi + __log2f(l_hi)) * kLn2 : -INFINITY;
+  const float inv_lo = row_inv(l_lo), inv_hi = row_inv(l_hi);
+  const float lse_lo = row_lse(m_lo, l_lo), lse_hi = row_lse(m_hi, l_hi);
   const bool ok_lo = r_lo < w.valid_rows, ok_hi = r_lo + 8 < w.valid_rows;
   const int lane = threadIdx.x % 32;
   if (w.num_splits == 1) {
@@ -706,6 +709,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
 // ---------------------------------------------------------------------------------------------
 constexpr int kCombineLanes = kVDim / 4;  // threads per group
 
+// Programmatic dependent launch (sm_90+; launcher: the wgmma configs). The main kernel lets the
+// combine launch as soon as it starts: the combine's blocks then wait in griddepcontrol.wait for
+// the whole main grid (its plan and partials), but their launch overlaps the main grid's tail.
+// Both are no-ops without the launch attribute.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_primary_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 template <class Cfg, int kGroups>
 __global__ void __launch_bounds__(kGroups * kCombineLanes) combine_kernel(Params p, int total_rows) {
   const int row = blockIdx.x;  // flattened (token, head)
@@ -713,11 +731,7 @@ __global__ void __launch_bounds__(kGroups * kCombineLanes) combine_kernel(Params
   const int H = p.num_heads;
   const int token = row / H;
   const int b = upper_index(p.qo_indptr, p.batch + 1, token);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched as a programmatic dependent of the main kernel (wgmma configs): wait for all of it
-  // (its plan and partials) before reading them. A no-op otherwise.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  wait_for_primary_grid();  // before reading the main kernel's plan or partials
   const int splits = p.num_splits[b];
   if (splits == 1) return;  // written directly by the main kernel
   const int rows = (p.qo_indptr[b + 1] - p.qo_indptr[b]) * H;
@@ -731,17 +745,11 @@ __global__ void __launch_bounds__(kGroups * kCombineLanes) combine_kernel(Params
   };
 
   // The largest partial lse: all groups' threads read the splits' values once, then a block max.
+  constexpr int kThreads = kGroups * kCombineLanes;
+  __shared__ float s_max[kThreads / 32];
   float mx = -INFINITY;
-  for (int s = threadIdx.x; s < splits; s += kGroups * kCombineLanes) mx = fmaxf(mx, p.partial_lse[partial_row(s)]);
-  {
-    __shared__ float s_max[kGroups * kCombineLanes / 32];
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if (threadIdx.x % 32 == 0) s_max[threadIdx.x / 32] = mx;
-    __syncthreads();
-    mx = s_max[0];
-#pragma unroll
-    for (int k = 1; k < kGroups * kCombineLanes / 32; ++k) mx = fmaxf(mx, s_max[k]);
-  }
+  for (int s = threadIdx.x; s < splits; s += kThreads) mx = fmaxf(mx, p.partial_lse[partial_row(s)]);
+  mx = block_max<kThreads>(mx, s_max);
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float denom = 0.f;
 #pragma unroll 4

@@ -245,9 +245,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 
   const int item = blockIdx.x;
   __shared__ BlockPlan s_plan;
-  // The combine may launch now (programmatic dependent launch): its blocks wait for this grid
-  // to finish, but their launch overlaps this one's tail.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  allow_dependent_launch();  // the combine
   plan_block<Cfg>(p, item, &s_plan);
   if (item >= s_plan.num_items) return;
 
@@ -521,8 +519,7 @@ __device__ __forceinline__ void store_partial_bulk(const Params& p, const WorkIt
                                                    int half, int ptid, unsigned char* smem_base, uint32_t s_stage,
                                                    int bar) {
   constexpr int kRowFloats = kVDim + 8;
-  const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f;
-  const float inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
+  const float inv_lo = row_inv(l_lo), inv_hi = row_inv(l_hi);
   const int lane = threadIdx.x % 32;
   named_bar_sync(bar, 256);  // both halves' PV done reading the stages (QK was done before P)
   float* stage = reinterpret_cast<float*>(smem_base);
@@ -545,10 +542,8 @@ __device__ __forceinline__ void store_partial_bulk(const Params& p, const WorkIt
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
   }
   if (half == 0 && lane % 4 == 0) {
-    const float lse_lo = l_lo > 0.f ? (m_lo + __log2f(l_lo)) * kLn2 : -INFINITY;
-    const float lse_hi = l_hi > 0.f ? (m_hi + __log2f(l_hi)) * kLn2 : -INFINITY;
-    if (r_lo < w.valid_rows) p.partial_lse[slot * 64 + r_lo] = lse_lo;
-    if (r_lo + 8 < w.valid_rows) p.partial_lse[slot * 64 + r_lo + 8] = lse_hi;
+    if (r_lo < w.valid_rows) p.partial_lse[slot * 64 + r_lo] = row_lse(m_lo, l_lo);
+    if (r_lo + 8 < w.valid_rows) p.partial_lse[slot * 64 + r_lo + 8] = row_lse(m_hi, l_hi);
   }
   if (ptid < w.valid_rows && half == 0)
     asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // shared memory read before exit
@@ -565,9 +560,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
 
   const int item = blockIdx.x;
   __shared__ BlockPlan s_plan;
-  // The combine may launch now (programmatic dependent launch): its blocks wait for this grid
-  // to finish, but their launch overlaps this one's tail.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  allow_dependent_launch();  // the combine
   plan_block<Cfg>(p, item, &s_plan);
   if (item >= s_plan.num_items) return;
 
