@@ -173,6 +173,7 @@ std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& 
   args.num_tokens = static_cast<int>(N);
   args.num_heads = static_cast<int>(H);
   args.num_slots = static_cast<int>(S);
+  args.num_kv_indices = static_cast<int>(kv_indices.numel());
   args.sm_scale = static_cast<float>(sm_scale);
   C10_CUDA_CHECK(va::launch(args, plan, c10::cuda::getCurrentCUDAStream(device.index()).stream()));
   return {out, lse};

@@ -81,6 +81,8 @@ struct Params {
   int batch;
   int num_heads;
   int num_slots;
+  int num_q_rows;                     // N * H
+  int num_kv_indices;                 // K
   float scale_log2;                   // sm_scale * log2(e)
   int max_items;                      // grid size of the main kernel
   int max_partials;                   // target items: splitting stops at this many
@@ -254,10 +256,88 @@ struct BlockPlan {
   int partial_base;  // its first partial slot, -1 if unsplit
 };
 
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+// The plan of plan_block below for a batch of at most 32 requests, by one warp (lane b holds
+// request b): shuffles instead of block reductions, the same arithmetic and the same result.
+template <class Cfg>
+__device__ __forceinline__ void plan_warp(const Params& p, int item, BlockPlan* out) {
+  const int lane = threadIdx.x % 32, H = p.num_heads;
+  const bool has = lane < p.batch;
+  int len = 0, tiles_m = 0;
+  if (has) {
+    len = p.kv_indptr[lane + 1] - p.kv_indptr[lane];
+    tiles_m = ceil_div((p.qo_indptr[lane + 1] - p.qo_indptr[lane]) * H, Cfg::kM);
+  }
+  int max_len = len;
+  for (int o = 16; o > 0; o >>= 1) max_len = max(max_len, __shfl_xor_sync(0xffffffffu, max_len, o));
+  const int unsplit = warp_sum(tiles_m);
+  const long long work = warp_sum(static_cast<long long>(len) * tiles_m);
+  const int max_tiles = max(1, ceil_div(max_len, Cfg::kBlockN));
+  int lo = min(p.min_split_tiles, max_tiles), hi = max_tiles;
+  if (unsplit >= p.max_partials) {
+    lo = hi;
+  } else {
+    const long long per_tile = static_cast<long long>(p.max_partials) * Cfg::kBlockN;
+    const long long fit_tile = static_cast<long long>(p.max_partials - unsplit) * Cfg::kBlockN;
+    const long long below = (work + per_tile - 1) / per_tile, above = (work + fit_tile - 1) / fit_tile;
+    lo = max(lo, static_cast<int>(below < hi ? below : hi));
+    hi = max(lo, static_cast<int>(above < hi ? above : hi));
+  }
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    const int items = warp_sum(has ? ceil_div(len, mid * Cfg::kBlockN) * tiles_m : 0);
+    if (items <= p.max_partials) hi = mid; else lo = mid + 1;
+  }
+  const int L = lo * Cfg::kBlockN;
+  const int splits = has ? ceil_div(len, L) : 0, items = splits * tiles_m;
+  const int in_part = splits > 1 ? items : 0;
+  int item_inc = items, part_inc = in_part;  // inclusive scans over the lanes
+  for (int o = 1; o < 32; o <<= 1) {
+    const int a = __shfl_up_sync(0xffffffffu, item_inc, o), c = __shfl_up_sync(0xffffffffu, part_inc, o);
+    if (lane >= o) {
+      item_inc += a;
+      part_inc += c;
+    }
+  }
+  const int begin = item_inc - items, total = __shfl_sync(0xffffffffu, item_inc, 31);
+  if (has) {
+    const int pbase = splits > 1 ? part_inc - in_part : -1;
+    if (blockIdx.x == 0) {
+      p.item_prefix[lane] = begin;
+      p.num_splits[lane] = splits;
+      p.partial_base[lane] = pbase;
+    }
+    if (item >= begin && item < begin + items) {
+      out->b = lane;
+      out->item_begin = begin;
+      out->num_splits = splits;
+      out->partial_base = pbase;
+    }
+  }
+  if (lane == 0) {
+    out->split_len = L;
+    out->num_items = total;
+    if (blockIdx.x == 0) {
+      p.item_prefix[p.batch] = total;
+      p.plan[0] = L;
+      p.plan[1] = total;
+    }
+  }
+}
+
 // Every thread of the CTA calls this; the result is in *out after it returns.
 template <class Cfg>
 __device__ __forceinline__ void plan_block(const Params& p, int item, BlockPlan* out) {
   constexpr int kT = Cfg::kThreads;
+  if (p.batch <= 32) {  // one warp, no block barriers (~0.5-1.3 us less on H200, NOTES v12)
+    if (threadIdx.x < 32) plan_warp<Cfg>(p, item, out);
+    __syncthreads();
+    return;
+  }
   __shared__ int scratch[kT / 32];
   __shared__ long long scratch64[kT / 32];
   const int H = p.num_heads;

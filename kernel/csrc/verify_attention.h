@@ -23,6 +23,7 @@ struct Args {
   int num_tokens;
   int num_heads;
   int num_slots;
+  int num_kv_indices;              // K
   float sm_scale;
 };
 

@@ -407,17 +407,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 //                which is done before P exists), WG2 dims 256-511 (chunks 4-7).
 // With Q (but its RoPE part) out of shared memory the KV tiles get 180 KB: WG0 computes S for
 // tile i + 1 while WG1/WG2 multiply tile i, and a stage is refilled 5 tiles ahead.
-// Hand-offs are named barriers (bar.arrive by the producing side, bar.sync by the waiting side):
+// Hand-offs: named barriers (bar.arrive by the producing side, bar.sync by the waiting side), and
+// one mbarrier for the data that threads of WG0 write and threads of WG1/WG2 read:
 //   kBarFull + s  tile in stage s landed (WG1/WG2 -> WG0)
-//   kBarPReady    P and the rescale factors of the current tile written (WG0 -> WG1/WG2);
-//                 with the last tile, also the final row max and sum
+//   bar_p_ready   P and the rescale factors of the current tile written (WG0 -> WG1/WG2); with
+//                 the last tile, also the final row max and sum. The 32 WG0 threads that write
+//                 rescale factors arrive, each after its warp's __syncwarp (kernel/NOTES.md, v12:
+//                 racecheck clean, where a named barrier here was not)
 //   kBarPVDone    both halves of PV done with P (WG1/WG2 -> WG0, before it overwrites P)
 //   kBarS         WG0's own 128 threads: Q's RoPE rows landed (once)
 //   kBarEpilogue  WG1 + WG2: the split partial's staging (store_partial_bulk)
-// compute-sanitizer racecheck reports hazards at the rescale factors (written by WG0, read by
-// WG1/WG2 across kBarPReady / kBarPVDone): it does not follow named barriers between warpgroups
-// that execute them in different branches. mbarriers there (branch wgmma-ws-mbarrier) are
-// racecheck clean but 2-5 % slower on loop-bound cases (kernel/NOTES.md, v11).
 // Registers: setmaxnreg moves WG0 to 184 and WG1/WG2 to 160 each (128 x (184 + 2 x 160) = 64512,
 // the 168 x 384 the CTA starts with). ptxas accepts no less than 160 for a PV warpgroup, and
 // spills in WG0 with all of Q in registers or with 64-key tiles (S twice as large).
@@ -440,6 +439,10 @@ struct ConfigWgmmaWs {
   static constexpr int kSmemUsed = kSumOff + 128 * 2 * 4;
   static constexpr int kSmemBytes = kSmemUsed + 1024;         // slack to align the base to 1024 B
   static constexpr int kRegsS = 184, kRegsPV = 160;
+  // WG0 moves a row's reference max only when the row max passes it by more than this (log2
+  // units): P = exp2(s - ref) stays below 2^8, and in between the rescale factor is exactly 1, so
+  // WG1/WG2 skip the rescale of O (kernel/NOTES.md, v12).
+  static constexpr float kRescaleThreshold = 8.f;
   static_assert(128 * (kRegsS + 2 * kRegsPV) <= 168 * kThreads, "register budget of one CTA per SM");
 };
 
@@ -448,6 +451,26 @@ __device__ __forceinline__ void named_bar_sync(int id, int count) {
 }
 __device__ __forceinline__ void named_bar_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+// mbarriers: arrive releases and the wait acquires, per thread. compute-sanitizer racecheck
+// follows them; it did not follow data handed from WG0 to WG1/WG2 through named barriers
+// (bar.arrive / bar.sync in different branches), and reported hazards there (kernel/NOTES.md).
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
 }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
@@ -549,18 +572,32 @@ __device__ __forceinline__ void store_partial_bulk(const Params& p, const WorkIt
     asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // shared memory read before exit
 }
 
+// Before the plan: this CTA's slice of q and of kv_indices into L2 (one prefetch per 128-byte
+// line), and the tree-mask offsets that decode_item reads right after the plan.
+__device__ __forceinline__ void l2_prefetch_slice(const char* base, int lines) {
+  const int per = (lines + gridDim.x - 1) / gridDim.x, end = min(lines, per * (blockIdx.x + 1));
+  for (int l = per * blockIdx.x + threadIdx.x; l < end; l += blockDim.x)
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(base + static_cast<int64_t>(l) * 128));
+}
+__device__ __forceinline__ void entry_prefetch(const Params& p) {
+  l2_prefetch_slice(reinterpret_cast<const char*>(p.q), p.num_q_rows * 9);  // 1152 B a row
+  l2_prefetch_slice(reinterpret_cast<const char*>(p.kv_indices), (p.num_kv_indices + 31) / 32);
+  if (threadIdx.x == 0) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p.tree_mask_indptr));
+}
+
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_kernel(Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kM = Cfg::kM, kBN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
   static_assert(kM == 64 && kBN == 32 && kThreads == 384, "layout below assumes these");
-  constexpr int kBarFull = 1, kBarPReady = kBarFull + kStages, kBarPVDone = kBarPReady + 1, kBarS = kBarPVDone + 1;
+  constexpr int kBarFull = 1, kBarPVDone = kBarFull + kStages, kBarS = kBarPVDone + 1;
   constexpr int kBarEpilogue = kBarS + 1;
   static_assert(kBarEpilogue < 16, "16 named barriers per CTA");
 
   const int item = blockIdx.x;
   __shared__ BlockPlan s_plan;
   allow_dependent_launch();  // the combine
+  entry_prefetch(p);
   plan_block<Cfg>(p, item, &s_plan);
   if (item >= s_plan.num_items) return;
 
@@ -576,7 +613,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   const int wg = warp / 4;
   const int r_lo = (warp % 4) * 16 + lane / 4;  // this thread's accumulator rows: r_lo, r_lo + 8
   __shared__ WorkItem s_item;
-  if (tid == 0) s_item = decode_item<kM>(p, s_plan, item);
+  __shared__ __align__(8) uint64_t s_bar_p_ready;
+  const uint32_t bar_p_ready = smem_addr(&s_bar_p_ready);
+  if (tid == 0) {
+    s_item = decode_item<kM>(p, s_plan, item);
+    mbar_init(bar_p_ready, 32);  // the 32 WG0 threads that write rescale factors, once per tile
+  }
   __syncthreads();
   const WorkItem& w = s_item;
   const int num_tiles = ceil_div(w.kv_end - w.kv_begin, kBN);
@@ -641,7 +683,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       mx_lo = fmaxf(m_lo, mx_lo * scale);
       mx_hi = fmaxf(m_hi, mx_hi * scale);
       float ref_lo, ref_hi, alpha_lo, alpha_hi;
-      advance_max(m_lo, m_hi, mx_lo, mx_hi, ref_lo, ref_hi, alpha_lo, alpha_hi);
+      {
+        // The reference max moves only when the row max passes it by more than the threshold
+        // (log2 units); until then P = exp2(s - ref) stays below 2^threshold, and alpha is 1
+        // exactly, so the PV warpgroups skip their rescale.
+        constexpr float kThr = Cfg::kRescaleThreshold;
+        const bool up_lo = mx_lo > m_lo + kThr, up_hi = mx_hi > m_hi + kThr;
+        alpha_lo = up_lo ? fast_exp2(m_lo - mx_lo) : 1.f;
+        alpha_hi = up_hi ? fast_exp2(m_hi - mx_hi) : 1.f;
+        if (up_lo) m_lo = mx_lo;
+        if (up_hi) m_hi = mx_hi;
+        ref_lo = m_lo == -INFINITY ? 0.f : m_lo;
+        ref_hi = m_hi == -INFINITY ? 0.f : m_hi;
+      }
       float sum_lo = 0.f, sum_hi = 0.f;
       uint32_t pk[4][2];
 #pragma unroll
@@ -679,7 +733,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         sAlpha[r_lo + 8] = alpha_hi;
       }
       fence_proxy_async();
-      named_bar_arrive(kBarPReady, kThreads);
+      // The warp's P is complete after __syncwarp; the lanes that wrote rescale factors (and, with
+      // the last tile, the row statistics) then arrive: their release covers their own writes and,
+      // through the warp barrier, their warp's P (read by wgmma after the wait).
+      __syncwarp();
+      if (lane % 4 == 0) mbar_arrive(bar_p_ready);
     }
     named_bar_sync(kBarPVDone, kThreads);  // the last tile's PV (num_tiles >= 1: a split has keys)
   } else {
@@ -698,17 +756,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       const __nv_bfloat16* src = p.kv + (ok ? static_cast<int64_t>(slot) * kQKDim : 0);
       copy_row_half(sKV + stage * Cfg::kTileBytes, ld_row, ld_sub, half, src, ok);
     };
-#pragma unroll 1
-    for (int t = 0; t < kStages; ++t) {
-      if (t < num_tiles) load_tile(fetch_slot(t), t);
-      cp_async_commit();
-    }
+    // Tile 0 alone first: at the start every SM's L2 -> SM bandwidth is what limits, so tile 0
+    // (and WG0's Q) land before tiles 1-4 are asked for.
+    load_tile(fetch_slot(0), 0);  // num_tiles >= 1
+    cp_async_commit();
     float o[32][4];
 #pragma unroll
     for (int j = 0; j < 32; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-    cp_async_wait<kStages - 1>();
+    cp_async_wait<0>();
     fence_proxy_async();
     named_bar_arrive(kBarFull + 0, kThreads);
+#pragma unroll 1
+    for (int t = 1; t < kStages; ++t) {
+      if (t < num_tiles) load_tile(fetch_slot(t), t);
+      cp_async_commit();
+    }
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int next_slot = fetch_slot(tile + kStages);  // consumed after this tile's PV
       // The next tile (gathered kStages - 1 tiles ago) should have landed; WG0 may start its QK
@@ -716,7 +778,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       cp_async_wait<kStages - 2>();
       fence_proxy_async();
       if (tile + 1 < num_tiles) named_bar_arrive(kBarFull + (tile + 1) % kStages, kThreads);
-      named_bar_sync(kBarPReady, kThreads);
+      mbar_wait(bar_p_ready, tile & 1);  // P, rescale factors (and row statistics) of this tile
       const float alpha_lo = sAlpha[r_lo], alpha_hi = sAlpha[r_lo + 8];
       rescale_o_lazy(o, alpha_lo, alpha_hi);
       const uint32_t sK = sKV + (tile % kStages) * Cfg::kTileBytes;
@@ -728,8 +790,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       cp_async_commit();
     }
     cp_async_wait<0>();
-    // Row statistics: written by WG0 before the last tile's kBarPReady, which this warpgroup
-    // passed.
+    // Row statistics: written by WG0 before its last bar_p_ready arrive, which this warpgroup
+    // waited for.
     const float m_lo = sStat[r_lo], m_hi = sStat[r_lo + 8];
     const float l_lo = sStat[64 + r_lo], l_hi = sStat[64 + r_lo + 8];
     if (w.num_splits > 1)
