@@ -128,6 +128,11 @@ def runs_wgmma() -> bool:
     return torch.cuda.get_device_capability() == (9, 0)
 
 
+def gpu_configs() -> tuple[str, ...]:
+    """Every tile config this GPU runs."""
+    return ("wgmma-ws", "wgmma", "large", "small") if runs_wgmma() else ("large", "small")
+
+
 def _needs_config(config: str) -> None:
     if config in ("wgmma", "wgmma-ws") and not runs_wgmma():
         pytest.skip("the wgmma config runs only on compute capability 9.0 (H100/H200)")
@@ -162,6 +167,51 @@ def test_long_prefix_split_is_deterministic_and_correct() -> None:
     assert_close(out, lse, batch, describe(batch))
     again, _ = run_kernel(batch, validate=False)
     assert torch.equal(out.view(torch.int16), again.view(torch.int16))
+
+
+@pytest.mark.parametrize("b", [32, 33, 48])
+def test_batches_around_the_one_warp_plan(b: int) -> None:
+    """Up to 32 requests the plan is computed by one warp, above by the whole block (two code
+    paths, one answer): ragged batches on both sides of the boundary, some requests long enough
+    to be split, every config the GPU runs."""
+    rng = random.Random(100 + b)
+    prefix = [rng.choice((0, 7, 900, 4000, 33000)) for _ in range(b)]
+    num_draft = [rng.choice((1, 3, 16)) for _ in range(b)]
+    batch = make_batch(rng, torch.device("cuda"), prefix, num_draft, 8)
+    for config in gpu_configs():
+        out, lse = run_kernel(batch, config=config)
+        assert_close(out, lse, batch, f"{describe(batch)} config={config}")
+
+
+def test_growing_scores_move_the_reference_max() -> None:
+    """KV rows scaled up along the prefix, so each row's max passes the reference by more than the
+    rescale threshold many times (the wgmma-ws kernel rescales O only then) and also grows by less
+    in between (P up to 2^8 before a move): results still match the oracle."""
+    rng = random.Random(21)
+    batch = make_batch(rng, torch.device("cuda"), [6000, 300], [4, 16], 16)
+    for b in range(2):
+        lo, hi = int(batch.kv_indptr[b]), int(batch.kv_indptr[b + 1])
+        ramp = torch.linspace(0.05, 6.0, hi - lo, device="cuda") ** (1.5 if b == 0 else 1.0)
+        slots = batch.kv_indices[lo:hi].long()
+        batch.kv_cache[slots] = (batch.kv_cache[slots].float() * ramp[:, None]).to(torch.bfloat16)
+    for config in gpu_configs():
+        out, lse = run_kernel(batch, config=config)
+        assert_close(out, lse, batch, f"{describe(batch)} config={config}")
+
+
+@pytest.mark.parametrize("exponent", [100, -100])
+def test_values_far_from_one(exponent: int) -> None:
+    """KV rows times 2^e and q times 2^-e (exact in bf16): the scores are unchanged and the output
+    is 2^e times larger, so split partials far from 1 (the wgmma-ws config stores them as fp16
+    over a per-row power of two) must still come out right."""
+    rng = random.Random(31)
+    batch = make_batch(rng, torch.device("cuda"), [40000, 50], [16, 3], 8)
+    slots = batch.kv_indices.long()
+    batch.kv_cache[slots] = (batch.kv_cache[slots].float() * 2.0**exponent).to(torch.bfloat16)
+    batch.q.copy_((batch.q.float() * 2.0**-exponent).to(torch.bfloat16))
+    for config in gpu_configs():
+        out, lse = run_kernel(batch, config=config)
+        assert_close(out, lse, batch, f"{describe(batch)} x2^{exponent} config={config}")
 
 
 def test_cuda_graph_replay_equals_eager() -> None:

@@ -5,6 +5,8 @@
 #include "verify_attention_sm90.cuh"
 #include "verify_attention.h"
 
+#include <type_traits>
+
 namespace va {
 namespace {
 
@@ -100,12 +102,13 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
   lc.numAttrs = plan.config == kConfigWgmmaWs || plan.config == kConfigWgmma ? 1 : 0;
   // Few rows means many splits per row (the plan fills the GPU): 4 groups read a row's splits
   // in parallel. Many rows (few splits each) already fill the GPU with one group per row.
+  constexpr bool kHalf = std::is_same<Cfg, ConfigWgmmaWs>::value;  // its partials are fp16 (half_partials)
   if (rows <= kCombineManySplitsRows) {
     lc.blockDim = dim3(4 * kCombineLanes);
-    return cudaLaunchKernelEx(&lc, combine_kernel<Cfg, 4>, p, rows);
+    return cudaLaunchKernelEx(&lc, combine_kernel<Cfg, 4, kHalf>, p, rows);
   }
   lc.blockDim = dim3(kCombineLanes);
-  return cudaLaunchKernelEx(&lc, combine_kernel<Cfg, 1>, p, rows);
+  return cudaLaunchKernelEx(&lc, combine_kernel<Cfg, 1, kHalf>, p, rows);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <stdint.h>
 
 namespace va {
@@ -76,7 +77,8 @@ struct Params {
   int32_t* item_prefix;               // [B+1] exclusive prefix of items per request
   int32_t* partial_base;              // [B]   first partial slot of a split request, -1 if unsplit
   int32_t* num_splits;                // [B]
-  float* partial_o;                   // [max_partials, M, 512] normalised partial outputs
+  float* partial_o;                   // [max_partials, M, 512] normalised partial outputs (fp32;
+                                      // fp16 + scales for wgmma-ws: half_partials)
   float* partial_lse;                 // [max_partials, M]      natural-log lse of each partial
   int batch;
   int num_heads;
@@ -503,6 +505,21 @@ __device__ __forceinline__ bool key_visible(const WorkItem& w, int pos, int tok)
 // A finished row's normalisation (1 / l) and natural-log lse from its log2-domain max m and sum l.
 // A row that saw no key (l == 0) gets 0 and -inf: the combine weighs such a partial as 0.
 __device__ __forceinline__ float row_inv(float l) { return l > 0.f ? 1.f / l : 0.f; }
+// fp16 partials (the wgmma-ws config, M = 64): row (slot * 64 + r) of the partial region holds 512
+// fp16 values, each 256-dim half of the row divided by its own power of two above its largest
+// |value| (half_scale); the two scales of a row are floats in the region's second half.
+__device__ __forceinline__ __half* half_partials(const Params& p) { return reinterpret_cast<__half*>(p.partial_o); }
+__device__ __forceinline__ float* half_partial_scales(const Params& p) {
+  return p.partial_o + static_cast<int64_t>(p.max_partials) * 64 * (kVDim / 2);
+}
+// 2^e with |x| < 2^e for the largest |x| of a half row (1 when it is 0 or not finite); e is kept
+// within [-126, 127] so that the scale is a normal float (values then stay below 2 in magnitude).
+__device__ __forceinline__ float half_scale(float amax) {
+  if (!(amax > 0.f) || !(amax < INFINITY)) return 1.f;
+  int e;
+  frexpf(amax, &e);
+  return ldexpf(1.f, min(max(e, -126), 127));
+}
 __device__ __forceinline__ float row_lse(float m, float l) { return l > 0.f ? (m + __log2f(l)) * kLn2 : -INFINITY; }
 
 template <int kM>
@@ -804,7 +821,7 @@ __device__ __forceinline__ void wait_for_primary_grid() {
 #endif
 }
 
-template <class Cfg, int kGroups>
+template <class Cfg, int kGroups, bool kHalf = false>
 __global__ void __launch_bounds__(kGroups * kCombineLanes) combine_kernel(Params p, int total_rows) {
   const int row = blockIdx.x;  // flattened (token, head)
   if (row >= total_rows) return;
@@ -837,11 +854,21 @@ __global__ void __launch_bounds__(kGroups * kCombineLanes) combine_kernel(Params
     const int64_t prow = partial_row(s);
     const float w = __expf(p.partial_lse[prow] - mx);
     denom += w;
-    const float4 v = reinterpret_cast<const float4*>(p.partial_o + prow * kVDim)[t];
-    acc.x += w * v.x;
-    acc.y += w * v.y;
-    acc.z += w * v.z;
-    acc.w += w * v.w;
+    float4 v;
+    float wv = w;
+    if constexpr (kHalf) {
+      const uint2 raw = reinterpret_cast<const uint2*>(half_partials(p) + prow * kVDim)[t];
+      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+      const float2 b2 = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+      v = make_float4(a.x, a.y, b2.x, b2.y);
+      wv = w * half_partial_scales(p)[prow * 2 + t / (kCombineLanes / 2)];
+    } else {
+      v = reinterpret_cast<const float4*>(p.partial_o + prow * kVDim)[t];
+    }
+    acc.x += wv * v.x;
+    acc.y += wv * v.y;
+    acc.z += wv * v.z;
+    acc.w += wv * v.w;
   }
   if constexpr (kGroups > 1) {
     __shared__ float4 s_acc[kGroups][kCombineLanes];

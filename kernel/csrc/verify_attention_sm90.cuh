@@ -531,42 +531,55 @@ __device__ __forceinline__ void copy_row_half(uint32_t dst_tile, int r, int sub,
   }
 }
 
-// A split's partial (64 rows x 512 fp32, normalised, and its lse) from the PV warpgroups once
-// every PV and QK of the split is done: O goes to the free KV stages (rows padded to 2080 B: two
-// shared-memory wavefronts per 8-row store, the least for 256 B), then one 2 KB bulk copy per
-// valid row (the partial is contiguous in global memory), instead of float2 stores from the
-// accumulator layout (8 rows' 32-byte pieces per warp instruction). Measured gain: 0.3-1.3 us
-// on the short-prefix cases (kernel/NOTES.md, v11).
+// A split's partial (64 rows x 512, normalised, and its lse) from the PV warpgroups once every PV
+// and QK of the split is done, as fp16 (half_partials): each 256-dim half row (one warpgroup's)
+// divided by its own power of two above its largest |value|, so the values sit in (-1, 1) with
+// 11 significant bits, and the scale goes beside the lse. The rows go to the free KV stages
+// (padded to 1040 B: conflict-free 4-byte stores), then one 1 KB bulk copy per valid row.
+// Against fp32 partials: half the bytes written here and read by the combine, 2-3 us less on the
+// short-prefix cases, the same error against the fp64 oracle to 3 digits (kernel/NOTES.md, v12).
 __device__ __forceinline__ void store_partial_bulk(const Params& p, const WorkItem& w, const float (&o)[32][4],
                                                    float m_lo, float m_hi, float l_lo, float l_hi, int r_lo,
                                                    int half, int ptid, unsigned char* smem_base, uint32_t s_stage,
                                                    int bar) {
-  constexpr int kRowFloats = kVDim + 8;
+  constexpr int kRowHalves = kVDim + 8;
   const float inv_lo = row_inv(l_lo), inv_hi = row_inv(l_hi);
   const int lane = threadIdx.x % 32;
-  named_bar_sync(bar, 256);  // both halves' PV done reading the stages (QK was done before P)
-  float* stage = reinterpret_cast<float*>(smem_base);
-  const int dim0 = half * 256 + (lane % 4) * 2;
-  float* lo = stage + r_lo * kRowFloats + dim0;
-  float* hi = lo + 8 * kRowFloats;
+  float a_lo = 0.f, a_hi = 0.f;
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
-    *reinterpret_cast<float2*>(lo + j * 8) = make_float2(o[j][0] * inv_lo, o[j][1] * inv_lo);
-    *reinterpret_cast<float2*>(hi + j * 8) = make_float2(o[j][2] * inv_hi, o[j][3] * inv_hi);
+    a_lo = fmaxf(a_lo, fmaxf(fabsf(o[j][0]), fabsf(o[j][1])));
+    a_hi = fmaxf(a_hi, fmaxf(fabsf(o[j][2]), fabsf(o[j][3])));
   }
-  fence_proxy_async();        // these writes, then the bulk copies' reads (async proxy)
+  quad_max(a_lo, a_hi);
+  const float sc_lo = half_scale(a_lo * inv_lo), sc_hi = half_scale(a_hi * inv_hi);
+  const float mul_lo = inv_lo / sc_lo, mul_hi = inv_hi / sc_hi;  // exact: sc is a power of two
+  named_bar_sync(bar, 256);  // both halves' PV done reading the stages (QK was done before P)
+  __half* lo = reinterpret_cast<__half*>(smem_base) + r_lo * kRowHalves + half * 256 + (lane % 4) * 2;
+  __half* hi = lo + 8 * kRowHalves;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    *reinterpret_cast<__half2*>(lo + j * 8) = __floats2half2_rn(o[j][0] * mul_lo, o[j][1] * mul_lo);
+    *reinterpret_cast<__half2*>(hi + j * 8) = __floats2half2_rn(o[j][2] * mul_hi, o[j][3] * mul_hi);
+  }
+  fence_proxy_async();  // these writes, then the bulk copies' reads (async proxy)
   named_bar_sync(bar, 256);
   const int64_t slot = w.partial_base + w.local;
   if (ptid < w.valid_rows && half == 0) {
-    float* dst = p.partial_o + (slot * 64 + ptid) * kVDim;
+    __half* dst = half_partials(p) + (slot * 64 + ptid) * kVDim;
     asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
-                 "r"(s_stage + static_cast<uint32_t>(ptid * kRowFloats * 4)), "n"(kVDim * 4)
+                 "r"(s_stage + static_cast<uint32_t>(ptid * kRowHalves * 2)), "n"(kVDim * 2)
                  : "memory");
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
   }
-  if (half == 0 && lane % 4 == 0) {
-    if (r_lo < w.valid_rows) p.partial_lse[slot * 64 + r_lo] = row_lse(m_lo, l_lo);
-    if (r_lo + 8 < w.valid_rows) p.partial_lse[slot * 64 + r_lo + 8] = row_lse(m_hi, l_hi);
+  if (lane % 4 == 0) {
+    float* scales = half_partial_scales(p);
+    if (r_lo < w.valid_rows) scales[(slot * 64 + r_lo) * 2 + half] = sc_lo;
+    if (r_lo + 8 < w.valid_rows) scales[(slot * 64 + r_lo + 8) * 2 + half] = sc_hi;
+    if (half == 0) {
+      if (r_lo < w.valid_rows) p.partial_lse[slot * 64 + r_lo] = row_lse(m_lo, l_lo);
+      if (r_lo + 8 < w.valid_rows) p.partial_lse[slot * 64 + r_lo + 8] = row_lse(m_hi, l_hi);
+    }
   }
   if (ptid < w.valid_rows && half == 0)
     asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // shared memory read before exit
