@@ -92,7 +92,10 @@ def assert_close(out: torch.Tensor, lse: torch.Tensor, batch: VerifyBatch, label
     ref = ref_out.double().flatten(0, 1)
     assert torch.isfinite(out64).all(), f"{label}: non-finite output"
     err = (out64 - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-30)
-    cos = torch.nn.functional.cosine_similarity(out64, ref, dim=-1)
+    # Rows scaled to unit reference norm first: cosine_similarity clamps tiny norms (eps 1e-8), which
+    # would read outputs near 2^-100 as orthogonal.
+    unit = ref.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    cos = torch.nn.functional.cosine_similarity(out64 / unit, ref / unit, dim=-1)
     lse_err = (lse.double().flatten() - ref_lse.double().flatten()).abs()
     worst = int(err.argmax())
     h = batch.num_heads
