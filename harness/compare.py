@@ -57,6 +57,17 @@ implementations (SGLang's Triton kernel, the float64 oracle) do not change betwe
 so their timing changes measure the box, not the commit (two lent H200s of one model ran SGLang
 6 % apart). Parity regressions count for every implementation either way.
 
+Waivers: ``--history DIR`` reads ``DIR/waivers.toml`` when it exists (``--waivers FILE`` names
+another). A waiver accepts named SLOWER timing verdicts of one pair of runs: its BASE and HEAD
+revisions, GPU model, kind, grid and implementation, and the (case, mode) pairs, each with the
+reason and the evidence (e.g. a same-GPU ``harness ab`` report). A waived verdict is shown as
+"SLOWER (waived)" and its reason is printed; it is not counted. A waiver matches only its own pair
+of runs, so it cannot hide a later regression; it never applies to parity, and an entry that names
+a case which is not SLOWER in its pair is reported as unused. Why it exists: two runs on two
+lent boards of one model can differ by more than the minimum effect where the GPU caps its power
+(the heavy cases on an H200), and a same-GPU A/B cannot always vouch either way there (its
+spread is the power cap's); a person then decides, in a reviewed file, with the numbers beside it.
+
 Exit status: 1 on any (gated) SLOWER or parity regression, 2 when the inputs cannot be compared,
 else 0.
 The terminal gets a table; an HTML diff is written atomically to ``--out``.
@@ -73,12 +84,17 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 from harness.results import ParityRow, Results, ResultsError, SweepRow, atomic_write_text, load_results
 
@@ -87,6 +103,7 @@ ALPHA = 0.01
 MIN_SAMPLES = 6
 DEFAULT_OUT = Path("reports/_work/compare")
 REPORTS_FOLDER = "reports"
+WAIVERS_FILE = "waivers.toml"  # read from the --history folder
 
 SLOWER, FASTER, NOISY, SAME, NO_DATA = "SLOWER", "FASTER", "NOISY", "SAME", "NO DATA"
 REGRESSED, FIXED, STILL_FAILING, UNAVAILABLE = "REGRESSED", "FIXED", "STILL FAILING", "UNAVAILABLE"
@@ -394,14 +411,18 @@ class Comparison:
     notes: tuple[str, ...] = ()
     environment_diff: tuple[tuple[str, str, str], ...] = ()  # (field, base value, head value)
     gated_impls: tuple[str, ...] | None = None  # timing regressions count only for these (None: all)
+    waived: tuple[tuple[str, str, str], ...] = ()  # (case_id, impl, mode) of waived SLOWER verdicts
 
     def _gated(self, v: TimingVerdict) -> bool:
         return self.gated_impls is None or v.impl in self.gated_impls
 
+    def is_waived(self, v: TimingVerdict) -> bool:
+        return v.verdict == SLOWER and (v.case_id, v.impl, v.mode) in self.waived
+
     @property
     def regressions(self) -> list[TimingVerdict | ParityVerdict]:
         return [v for v in self.parity if v.regression] + [
-            v for v in self.timing if v.regression and self._gated(v)
+            v for v in self.timing if v.regression and self._gated(v) and not self.is_waived(v)
         ]
 
     @property
@@ -709,7 +730,7 @@ def format_terminal(c: Comparison) -> str:
     if c.timing:
         rows = [
             [
-                v.verdict + (" (throttled)" if v.throttled else ""),
+                v.verdict + (" (throttled)" if v.throttled else "") + (" (waived)" if c.is_waived(v) else ""),
                 v.case_id,
                 v.impl,
                 v.mode,
@@ -860,6 +881,132 @@ def write_html(c: Comparison, out_dir: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------
+# Waivers
+
+
+@dataclass(frozen=True)
+class Waiver:
+    """Accepted SLOWER verdicts of one pair of runs (see the module docstring)."""
+
+    base: str  # revision prefixes (>= 7 hex digits) of the two runs' ``git.sha``
+    head: str
+    gpu_model: str
+    kind: str
+    grid: str
+    impl: str
+    cases: tuple[tuple[str, str], ...]  # (case_id, mode)
+    reason: str
+    evidence: tuple[str, ...]
+
+    def matches(self, base: Side, head: Side) -> bool:
+        def same(prefix: str, side: Side) -> bool:
+            sha = side.results.git.get("sha") if isinstance(side.results.git, dict) else None
+            dirty = isinstance(side.results.git, dict) and bool(side.results.git.get("dirty"))
+            return bool(sha) and not dirty and str(sha).startswith(prefix)
+
+        k = head.key
+        return (
+            same(self.base, base)
+            and same(self.head, head)
+            and base.key == k
+            and (self.gpu_model, self.kind, self.grid) == (k.gpu_model, k.kind, k.grid)
+        )
+
+
+_SHA_PREFIX = re.compile(r"^[0-9a-f]{7,40}$")
+
+
+def load_waivers(path: Path) -> list[Waiver]:
+    """The ``[[waiver]]`` entries of a TOML file; CompareError naming the entry and field when one
+    is malformed."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise CompareError(f"waivers {path}: cannot read it as TOML: {e}") from e
+    unknown = set(data) - {"waiver"}
+    if unknown:
+        raise CompareError(
+            f"waivers {path}: unknown top-level keys {sorted(unknown)}; expected [[waiver]] tables"
+        )
+    entries = data.get("waiver", [])
+    if not isinstance(entries, list):
+        raise CompareError(f"waivers {path}: 'waiver' must be an array of tables ([[waiver]])")
+    out = []
+    for i, e in enumerate(entries):
+        where = f"waivers {path}: waiver {i + 1}"
+        if not isinstance(e, dict):
+            raise CompareError(f"{where}: expected a table of fields, got {e!r}")
+
+        def text(field: str, e: dict[str, Any] = e, where: str = where) -> str:
+            v = e.get(field)
+            if not isinstance(v, str) or not v.strip():
+                raise CompareError(f"{where}: '{field}' must be a non-empty string, got {v!r}")
+            return v.strip()
+
+        fields = {"base", "head", "gpu_model", "kind", "grid", "impl", "cases", "reason", "evidence"}
+        if set(e) - fields:
+            raise CompareError(f"{where}: unknown keys {sorted(set(e) - fields)}; expected {sorted(fields)}")
+        base, head = text("base"), text("head")
+        for field, v in (("base", base), ("head", head)):
+            if not _SHA_PREFIX.match(v):
+                raise CompareError(
+                    f"{where}: '{field}' must be 7-40 lowercase hex digits of a commit, got {v!r}"
+                )
+        cases = e.get("cases")
+        if not isinstance(cases, list) or not cases:
+            raise CompareError(f"{where}: 'cases' must be a non-empty list of 'CASE_ID MODE' strings")
+        pairs = []
+        for c in cases:
+            parts = c.split() if isinstance(c, str) else []
+            if len(parts) != 2:
+                raise CompareError(f"{where}: each of 'cases' must read 'CASE_ID MODE', got {c!r}")
+            pairs.append((parts[0], parts[1]))
+        evidence = e.get("evidence")
+        if (
+            not isinstance(evidence, list)
+            or not evidence
+            or not all(isinstance(x, str) and x for x in evidence)
+        ):
+            raise CompareError(f"{where}: 'evidence' must be a non-empty list of strings (reports, notes)")
+        out.append(
+            Waiver(
+                base,
+                head,
+                text("gpu_model"),
+                text("kind"),
+                text("grid"),
+                text("impl"),
+                tuple(pairs),
+                text("reason"),
+                tuple(evidence),
+            )
+        )
+    return out
+
+
+def apply_waivers(c: Comparison, waivers: Sequence[Waiver]) -> tuple[Comparison, list[str]]:
+    """``c`` with the SLOWER verdicts that a matching waiver names marked waived, and the lines to
+    print: each waiver used (with its reason and evidence) and each entry that waived nothing."""
+    lines: list[str] = []
+    waived: set[tuple[str, str, str]] = set()
+    slower = {(v.case_id, v.impl, v.mode) for v in c.timing if v.verdict == SLOWER}
+    for w in waivers:
+        if not w.matches(c.base, c.head):
+            continue
+        used = [(case, w.impl, mode) for case, mode in w.cases if (case, w.impl, mode) in slower]
+        unused = [f"{case} {mode}" for case, mode in w.cases if (case, w.impl, mode) not in slower]
+        waived.update(used)
+        if used:
+            lines.append(f"waived {len(used)} SLOWER ({w.impl}, {w.base} -> {w.head}): {w.reason}")
+            lines.append("  evidence: " + "; ".join(w.evidence))
+        if unused:
+            lines.append(
+                f"waiver {w.base} -> {w.head} names cases that are not SLOWER here: {', '.join(unused)}"
+            )
+    return replace(c, waived=tuple(sorted(waived))), lines
+
+
+# ---------------------------------------------------------------------------------------------
 # CLI
 
 
@@ -868,7 +1015,9 @@ def _same_committed_run(a: Side, b: Side) -> bool:
     return a.revision is not None and b.revision is not None and a.results.to_json() == b.results.to_json()
 
 
-def _report(pairs: Sequence[tuple[Side, Side]], args: argparse.Namespace) -> int:
+def _report(
+    pairs: Sequence[tuple[Side, Side]], args: argparse.Namespace, waivers: Sequence[Waiver] = ()
+) -> int:
     regressions = 0
     for base, head in pairs:
         if _same_committed_run(base, head):
@@ -877,7 +1026,10 @@ def _report(pairs: Sequence[tuple[Side, Side]], args: argparse.Namespace) -> int
         c = compare_results(
             base, head, min_change=args.min_change, impls=args.impls, gated_impls=args.gate_impls
         )
+        c, waiver_lines = apply_waivers(c, waivers)
         print(format_terminal(c))
+        for line in waiver_lines:
+            print(line)
         print(f"html: {write_html(c, args.out)}\n")
         regressions += len(c.regressions)
     if regressions:
@@ -891,6 +1043,8 @@ def run(args: argparse.Namespace) -> int:
             if args.base or args.head:
                 raise CompareError("--history takes no BASE/HEAD arguments; give one or the other")
             pairs = history_pairs(Path(args.history))
+            if args.waivers is None and (Path(args.history) / WAIVERS_FILE).is_file():
+                args.waivers = Path(args.history) / WAIVERS_FILE
             if not pairs:
                 print(
                     f"compare --history {args.history}: no GPU model, kind and grid has two runs; nothing to compare"
@@ -904,7 +1058,8 @@ def run(args: argparse.Namespace) -> int:
             pairs = resolve_pairs(args.base, args.head)
             for base, head in pairs:
                 check_comparable(base, head, force=args.force)
-        return _report(pairs, args)
+        waivers = load_waivers(args.waivers) if args.waivers is not None else []
+        return _report(pairs, args, waivers)
     except (CompareError, ResultsError) as e:
         print(f"compare: {e}", file=sys.stderr)
         return 2
@@ -956,5 +1111,11 @@ def register_cli(sub: Any) -> None:
         type=_impl_list,
         default=None,
         help="count timing regressions only for these implementations (a,b); all verdicts still shown",
+    )
+    p.add_argument(
+        "--waivers",
+        type=Path,
+        default=None,
+        help=f"TOML file of accepted SLOWER verdicts (default with --history: DIR/{WAIVERS_FILE} if present)",
     )
     p.set_defaults(func=run)

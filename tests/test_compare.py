@@ -543,6 +543,106 @@ def test_history_reads_only_files_git_tracks(tmp_path: Path, out_dir: Path) -> N
     assert [(b.results.git["sha"][0], h.results.git["sha"][0]) for b, h in pairs] == [("1", "2")]
 
 
+# --- waivers -----------------------------------------------------------------------------------
+
+
+def _slower_history(reports: Path) -> None:
+    """Two runs: case "c" 10 % slower (SLOWER), case "d" unchanged."""
+    save(
+        make_results(
+            {"c": timings(0.1, seed=1), "d": timings(0.2, seed=2)},
+            sha="1" * 40,
+            created="2025-01-01T00:00:00Z",
+        ),
+        reports / "r1",
+    )
+    save(
+        make_results(
+            {"c": timings(0.11, seed=3), "d": timings(0.2, seed=4)},
+            sha="2" * 40,
+            created="2025-01-02T00:00:00Z",
+        ),
+        reports / "r2",
+    )
+
+
+WAIVER = """
+[[waiver]]
+base = "1111111"
+head = "2222222"
+gpu_model = "NVIDIA H200"
+kind = "sweep"
+grid = "quick"
+impl = "verify-attn-cuda"
+cases = [{cases}]
+reason = "the boards' power caps differ; a same-GPU A/B shows +1 %"
+evidence = ["reports/x-ab-quick-nvidia-h200-1111111-vs-2222222"]
+"""
+
+
+def test_a_waiver_for_this_pair_accepts_the_named_slower_case(
+    tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reports = tmp_path / "reports"
+    _slower_history(reports)
+    assert run_cli("--history", str(reports), "--out", str(out_dir)) == 1
+    capsys.readouterr()
+    (reports / "waivers.toml").write_text(WAIVER.format(cases='"c cold"'))
+    assert run_cli("--history", str(reports), "--out", str(out_dir)) == 0
+    out = capsys.readouterr().out
+    assert "SLOWER (waived)" in out and "waived 1 SLOWER" in out and "same-GPU A/B" in out
+    assert "evidence: reports/x-ab-quick" in out
+
+
+def test_a_waiver_never_covers_another_pair_or_an_unnamed_case(
+    tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reports = tmp_path / "reports"
+    _slower_history(reports)
+    waivers = tmp_path / "w.toml"
+    # the right pair, another case: "c" stays a regression, the entry is reported as unused
+    waivers.write_text(WAIVER.format(cases='"d cold"'))
+    assert run_cli("--history", str(reports), "--out", str(out_dir), "--waivers", str(waivers)) == 1
+    assert "not SLOWER here: d cold" in capsys.readouterr().out
+    # the named case, another pair (a later run of new code): no effect
+    waivers.write_text(WAIVER.format(cases='"c cold"').replace('head = "2222222"', 'head = "3333333"'))
+    assert run_cli("--history", str(reports), "--out", str(out_dir), "--waivers", str(waivers)) == 1
+    # another mode of the named case: no effect
+    waivers.write_text(WAIVER.format(cases='"c graph"'))
+    assert run_cli("--history", str(reports), "--out", str(out_dir), "--waivers", str(waivers)) == 1
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda t: t.replace('base = "1111111"', 'base = "main"'), "'base' must be 7-40 lowercase hex"),
+        (lambda t: t.replace('cases = ["c cold"]', "cases = []"), "'cases' must be a non-empty list"),
+        (lambda t: t.replace('"c cold"', '"c"'), "must read 'CASE_ID MODE'"),
+        (lambda t: t.replace('reason = "the', 'reason = "" # "the'), "'reason' must be a non-empty string"),
+        (lambda t: t.replace("evidence = [", "evidence = [] # ["), "'evidence' must be a non-empty list"),
+        (lambda t: t + 'colour = "red"\n', "unknown keys ['colour']"),
+        (lambda t: t + "[other]\n", "unknown top-level keys ['other']"),
+        (lambda t: t.replace("[[waiver]]", "[[waiver"), "cannot read it as TOML"),
+    ],
+)
+def test_a_malformed_waiver_file_is_refused_naming_the_field(
+    tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str], edit, message: str
+) -> None:
+    reports = tmp_path / "reports"
+    _slower_history(reports)
+    (reports / "waivers.toml").write_text(edit(WAIVER.format(cases='"c cold"')))
+    assert run_cli("--history", str(reports), "--out", str(out_dir)) == 2
+    err = capsys.readouterr().err
+    assert message in err and "waivers.toml" in err
+
+
+def test_the_committed_waivers_file_parses() -> None:
+    path = Path(__file__).resolve().parent.parent / "reports" / compare.WAIVERS_FILE
+    if path.exists():
+        for w in compare.load_waivers(path):
+            assert w.cases and w.reason and w.evidence
+
+
 def test_history_with_nothing_to_compare_exits_0_and_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
