@@ -258,6 +258,29 @@ struct BlockPlan {
   int partial_base;  // its first partial slot, -1 if unsplit
 };
 
+// The split length (in KV tiles) lies in [lo, hi]: the smallest length whose item count fits
+// max_partials (item count is non-increasing in the length), or no split at all (lo = hi = the
+// longest request) when the unsplit work already fills the GPU. Bracket: a length L gives between
+// work / L and work / L + unsplit items (work = sum of keys x row tiles), so the answer is at least
+// work / (max_partials BN) tiles and at most work / ((max_partials - unsplit) BN) tiles. One
+// request: the bracket is a tile or two wide (a bisection step costs reductions over the batch).
+template <class Cfg>
+__device__ __forceinline__ void split_bracket(const Params& p, int max_len, int unsplit, long long work, int& lo,
+                                              int& hi) {
+  const int max_tiles = max(1, ceil_div(max_len, Cfg::kBlockN));
+  lo = min(p.min_split_tiles, max_tiles);
+  hi = max_tiles;
+  if (unsplit >= p.max_partials) {
+    lo = hi;
+    return;
+  }
+  const long long per_tile = static_cast<long long>(p.max_partials) * Cfg::kBlockN;
+  const long long fit_tile = static_cast<long long>(p.max_partials - unsplit) * Cfg::kBlockN;
+  const long long below = (work + per_tile - 1) / per_tile, above = (work + fit_tile - 1) / fit_tile;
+  lo = max(lo, static_cast<int>(below < hi ? below : hi));
+  hi = max(lo, static_cast<int>(above < hi ? above : hi));
+}
+
 template <class T>
 __device__ __forceinline__ T warp_sum(T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -278,17 +301,8 @@ __device__ __forceinline__ void plan_warp(const Params& p, int item, BlockPlan* 
   for (int o = 16; o > 0; o >>= 1) max_len = max(max_len, __shfl_xor_sync(0xffffffffu, max_len, o));
   const int unsplit = warp_sum(tiles_m);
   const long long work = warp_sum(static_cast<long long>(len) * tiles_m);
-  const int max_tiles = max(1, ceil_div(max_len, Cfg::kBlockN));
-  int lo = min(p.min_split_tiles, max_tiles), hi = max_tiles;
-  if (unsplit >= p.max_partials) {
-    lo = hi;
-  } else {
-    const long long per_tile = static_cast<long long>(p.max_partials) * Cfg::kBlockN;
-    const long long fit_tile = static_cast<long long>(p.max_partials - unsplit) * Cfg::kBlockN;
-    const long long below = (work + per_tile - 1) / per_tile, above = (work + fit_tile - 1) / fit_tile;
-    lo = max(lo, static_cast<int>(below < hi ? below : hi));
-    hi = max(lo, static_cast<int>(above < hi ? above : hi));
-  }
+  int lo, hi;
+  split_bracket<Cfg>(p, max_len, unsplit, work, lo, hi);
   while (lo < hi) {
     const int mid = (lo + hi) >> 1;
     const int items = warp_sum(has ? ceil_div(len, mid * Cfg::kBlockN) * tiles_m : 0);
@@ -357,24 +371,10 @@ __device__ __forceinline__ void plan_block(const Params& p, int item, BlockPlan*
   unsplit = block_sum<kT>(unsplit, scratch);
   work = block_sum<kT>(work, scratch64);
 
-  // Smallest split length (in tiles) whose item count fits max_partials; no split at all when
-  // the unsplit work already fills the GPU. Item count is non-increasing in the length, so
-  // bisect. Every thread takes the same branches (values are block-uniform).
-  const int max_tiles = max(1, ceil_div(max_len, Cfg::kBlockN));
-  int lo = min(p.min_split_tiles, max_tiles), hi = max_tiles;
-  if (unsplit >= p.max_partials) {
-    lo = hi;
-  } else {
-    // Bracket first: a length L gives between work / L and work / L + unsplit items, so the
-    // answer is at least work / (max_partials BN) tiles and at most work / ((max_partials -
-    // unsplit) BN) tiles. One request: the bracket is a tile or two wide (each bisection step
-    // costs two block reductions, ~10 steps without it at a 32k prefix).
-    const long long per_tile = static_cast<long long>(p.max_partials) * Cfg::kBlockN;
-    const long long fit_tile = static_cast<long long>(p.max_partials - unsplit) * Cfg::kBlockN;
-    const long long below = (work + per_tile - 1) / per_tile, above = (work + fit_tile - 1) / fit_tile;
-    lo = max(lo, static_cast<int>(below < hi ? below : hi));
-    hi = max(lo, static_cast<int>(above < hi ? above : hi));
-  }
+  // Smallest split length (in tiles) whose item count fits max_partials: bisect in the bracket.
+  // Every thread takes the same branches (values are block-uniform).
+  int lo, hi;
+  split_bracket<Cfg>(p, max_len, unsplit, work, lo, hi);
   while (lo < hi) {
     const int mid = (lo + hi) >> 1;
     const int L = mid * Cfg::kBlockN;
