@@ -412,6 +412,7 @@ class Comparison:
     environment_diff: tuple[tuple[str, str, str], ...] = ()  # (field, base value, head value)
     gated_impls: tuple[str, ...] | None = None  # timing regressions count only for these (None: all)
     waived: tuple[tuple[str, str, str], ...] = ()  # (case_id, impl, mode) of waived SLOWER verdicts
+    waiver_notes: tuple[str, ...] = ()  # each waiver used (reason, evidence) or with unused entries
 
     def _gated(self, v: TimingVerdict) -> bool:
         return self.gated_impls is None or v.impl in self.gated_impls
@@ -756,6 +757,7 @@ def format_terminal(c: Comparison) -> str:
             + ", ".join(sorted({v.impl for v in ungated})),
         ]
     out += ["", f"REGRESSIONS: {len(regressions)}" if regressions else "no regression"]
+    out += list(c.waiver_notes)
     return "\n".join(out)
 
 
@@ -984,9 +986,10 @@ def load_waivers(path: Path) -> list[Waiver]:
     return out
 
 
-def apply_waivers(c: Comparison, waivers: Sequence[Waiver]) -> tuple[Comparison, list[str]]:
-    """``c`` with the SLOWER verdicts that a matching waiver names marked waived, and the lines to
-    print: each waiver used (with its reason and evidence) and each entry that waived nothing."""
+def apply_waivers(c: Comparison, waivers: Sequence[Waiver]) -> Comparison:
+    """``c`` with the SLOWER verdicts that a matching waiver names marked waived, and in its
+    ``waiver_notes`` each waiver used (with its reason and evidence) and each entry that waived
+    nothing."""
     lines: list[str] = []
     waived: set[tuple[str, str, str]] = set()
     slower = {(v.case_id, v.impl, v.mode) for v in c.timing if v.verdict == SLOWER}
@@ -1003,7 +1006,7 @@ def apply_waivers(c: Comparison, waivers: Sequence[Waiver]) -> tuple[Comparison,
             lines.append(
                 f"waiver {w.base} -> {w.head} names cases that are not SLOWER here: {', '.join(unused)}"
             )
-    return replace(c, waived=tuple(sorted(waived))), lines
+    return replace(c, waived=tuple(sorted(waived)), waiver_notes=tuple(lines))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1026,10 +1029,8 @@ def _report(
         c = compare_results(
             base, head, min_change=args.min_change, impls=args.impls, gated_impls=args.gate_impls
         )
-        c, waiver_lines = apply_waivers(c, waivers)
+        c = apply_waivers(c, waivers)
         print(format_terminal(c))
-        for line in waiver_lines:
-            print(line)
         print(f"html: {write_html(c, args.out)}\n")
         regressions += len(c.regressions)
     if regressions:

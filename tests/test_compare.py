@@ -592,6 +592,8 @@ def test_a_waiver_for_this_pair_accepts_the_named_slower_case(
     out = capsys.readouterr().out
     assert "SLOWER (waived)" in out and "waived 1 SLOWER" in out and "same-GPU A/B" in out
     assert "evidence: reports/x-ab-quick" in out
+    page = next(out_dir.glob("compare-*.html")).read_text()
+    assert "waived" in page and "same-GPU A/B" in page
 
 
 def test_a_waiver_never_covers_another_pair_or_an_unnamed_case(
