@@ -202,9 +202,29 @@ __device__ __forceinline__ int upper_index(const int32_t* prefix, int n, int x) 
 //    are a few int32 per request and the result is the same in every CTA: same data, same
 //    reduction order). CTA 0 also writes it to the workspace for the combine.
 // ---------------------------------------------------------------------------------------------
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <class T>
+__device__ __forceinline__ T warp_max(T v) {
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Inclusive scan of v over the lanes of a full warp.
+__device__ __forceinline__ int warp_inclusive_scan(int v) {
+  const int lane = threadIdx.x % 32;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int n = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += n;
+  }
+  return v;
+}
+
 template <int kThreads, class T>
 __device__ __forceinline__ T block_sum(T v, T* scratch) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  v = warp_sum(v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();
   if (lane == 0) scratch[warp] = v;
@@ -216,7 +236,7 @@ __device__ __forceinline__ T block_sum(T v, T* scratch) {
 
 template <int kThreads, class T>
 __device__ __forceinline__ T block_max(T v, T* scratch) {
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  v = warp_max(v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();
   if (lane == 0) scratch[warp] = v;
@@ -230,11 +250,7 @@ __device__ __forceinline__ T block_max(T v, T* scratch) {
 template <int kThreads>
 __device__ __forceinline__ int block_exclusive_scan(int v, int* scratch, int* total) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  int inc = v;
-  for (int o = 1; o < 32; o <<= 1) {
-    int n = __shfl_up_sync(0xffffffffu, inc, o);
-    if (lane >= o) inc += n;
-  }
+  const int inc = warp_inclusive_scan(v);
   __syncthreads();
   if (lane == 31) scratch[warp] = inc;
   __syncthreads();
@@ -281,11 +297,33 @@ __device__ __forceinline__ void split_bracket(const Params& p, int max_len, int 
   hi = max(lo, static_cast<int>(above < hi ? above : hi));
 }
 
-template <class T>
-__device__ __forceinline__ T warp_sum(T v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
+// Request b's place in the item and partial layout: CTA 0 publishes it for the combine, and the
+// CTA whose item falls in it takes the request.
+__device__ __forceinline__ void place_request(const Params& p, int item, int b, int begin, int items, int splits,
+                                              int pbase, BlockPlan* out) {
+  if (blockIdx.x == 0) {
+    p.item_prefix[b] = begin;
+    p.num_splits[b] = splits;
+    p.partial_base[b] = pbase;
+  }
+  if (item >= begin && item < begin + items) {
+    out->b = b;
+    out->item_begin = begin;
+    out->num_splits = splits;
+    out->partial_base = pbase;
+  }
 }
+// The launch-wide results, by one thread: split length and item count (CTA 0 also publishes them).
+__device__ __forceinline__ void finish_plan(const Params& p, int L, int num_items, BlockPlan* out) {
+  out->split_len = L;
+  out->num_items = num_items;
+  if (blockIdx.x == 0) {
+    p.item_prefix[p.batch] = num_items;
+    p.plan[0] = L;
+    p.plan[1] = num_items;
+  }
+}
+
 // The plan of plan_block below for a batch of at most 32 requests, by one warp (lane b holds
 // request b): shuffles instead of block reductions, the same arithmetic and the same result.
 template <class Cfg>
@@ -297,8 +335,7 @@ __device__ __forceinline__ void plan_warp(const Params& p, int item, BlockPlan* 
     len = p.kv_indptr[lane + 1] - p.kv_indptr[lane];
     tiles_m = ceil_div((p.qo_indptr[lane + 1] - p.qo_indptr[lane]) * H, Cfg::kM);
   }
-  int max_len = len;
-  for (int o = 16; o > 0; o >>= 1) max_len = max(max_len, __shfl_xor_sync(0xffffffffu, max_len, o));
+  const int max_len = warp_max(len);
   const int unsplit = warp_sum(tiles_m);
   const long long work = warp_sum(static_cast<long long>(len) * tiles_m);
   int lo, hi;
@@ -311,38 +348,10 @@ __device__ __forceinline__ void plan_warp(const Params& p, int item, BlockPlan* 
   const int L = lo * Cfg::kBlockN;
   const int splits = has ? ceil_div(len, L) : 0, items = splits * tiles_m;
   const int in_part = splits > 1 ? items : 0;
-  int item_inc = items, part_inc = in_part;  // inclusive scans over the lanes
-  for (int o = 1; o < 32; o <<= 1) {
-    const int a = __shfl_up_sync(0xffffffffu, item_inc, o), c = __shfl_up_sync(0xffffffffu, part_inc, o);
-    if (lane >= o) {
-      item_inc += a;
-      part_inc += c;
-    }
-  }
+  const int item_inc = warp_inclusive_scan(items), part_inc = warp_inclusive_scan(in_part);
   const int begin = item_inc - items, total = __shfl_sync(0xffffffffu, item_inc, 31);
-  if (has) {
-    const int pbase = splits > 1 ? part_inc - in_part : -1;
-    if (blockIdx.x == 0) {
-      p.item_prefix[lane] = begin;
-      p.num_splits[lane] = splits;
-      p.partial_base[lane] = pbase;
-    }
-    if (item >= begin && item < begin + items) {
-      out->b = lane;
-      out->item_begin = begin;
-      out->num_splits = splits;
-      out->partial_base = pbase;
-    }
-  }
-  if (lane == 0) {
-    out->split_len = L;
-    out->num_items = total;
-    if (blockIdx.x == 0) {
-      p.item_prefix[p.batch] = total;
-      p.plan[0] = L;
-      p.plan[1] = total;
-    }
-  }
+  if (has) place_request(p, item, lane, begin, items, splits, splits > 1 ? part_inc - in_part : -1, out);
+  if (lane == 0) finish_plan(p, L, total, out);
 }
 
 // Every thread of the CTA calls this; the result is in *out after it returns.
@@ -390,7 +399,6 @@ __device__ __forceinline__ void plan_block(const Params& p, int item, BlockPlan*
   const int L = lo * Cfg::kBlockN;
 
   // Lay out items (request-major) and partial slots (only split requests use them).
-  const bool publish = blockIdx.x == 0;
   int item_base = 0, partial_base = 0;
   for (int b0 = 0; b0 < p.batch; b0 += kT) {
     const int b = b0 + threadIdx.x;
@@ -404,33 +412,13 @@ __device__ __forceinline__ void plan_block(const Params& p, int item, BlockPlan*
     int item_total, partial_total;
     const int item_off = block_exclusive_scan<kT>(items, scratch, &item_total);
     const int partial_off = block_exclusive_scan<kT>(splits > 1 ? items : 0, scratch, &partial_total);
-    if (b < p.batch) {
-      const int begin = item_base + item_off;
-      const int pbase = splits > 1 ? partial_base + partial_off : -1;
-      if (publish) {
-        p.item_prefix[b] = begin;
-        p.num_splits[b] = splits;
-        p.partial_base[b] = pbase;
-      }
-      if (item >= begin && item < begin + items) {
-        out->b = b;
-        out->item_begin = begin;
-        out->num_splits = splits;
-        out->partial_base = pbase;
-      }
-    }
+    if (b < p.batch)
+      place_request(p, item, b, item_base + item_off, items, splits,
+                    splits > 1 ? partial_base + partial_off : -1, out);
     item_base += item_total;
     partial_base += partial_total;
   }
-  if (threadIdx.x == 0) {
-    out->split_len = L;
-    out->num_items = item_base;
-    if (publish) {
-      p.item_prefix[p.batch] = item_base;
-      p.plan[0] = L;
-      p.plan[1] = item_base;
-    }
-  }
+  if (threadIdx.x == 0) finish_plan(p, L, item_base, out);
   __syncthreads();
 }
 
