@@ -918,6 +918,13 @@ class Waiver:
 _SHA_PREFIX = re.compile(r"^[0-9a-f]{7,40}$")
 
 
+def _waiver_text(entry: dict[str, Any], where: str, field: str) -> str:
+    v = entry.get(field)
+    if not isinstance(v, str) or not v.strip():
+        raise CompareError(f"{where}: '{field}' must be a non-empty string, got {v!r}")
+    return v.strip()
+
+
 def load_waivers(path: Path) -> list[Waiver]:
     """The ``[[waiver]]`` entries of a TOML file; CompareError naming the entry and field when one
     is malformed."""
@@ -939,16 +946,10 @@ def load_waivers(path: Path) -> list[Waiver]:
         if not isinstance(e, dict):
             raise CompareError(f"{where}: expected a table of fields, got {e!r}")
 
-        def text(field: str, e: dict[str, Any] = e, where: str = where) -> str:
-            v = e.get(field)
-            if not isinstance(v, str) or not v.strip():
-                raise CompareError(f"{where}: '{field}' must be a non-empty string, got {v!r}")
-            return v.strip()
-
         fields = {"base", "head", "gpu_model", "kind", "grid", "impl", "cases", "reason", "evidence"}
         if set(e) - fields:
             raise CompareError(f"{where}: unknown keys {sorted(set(e) - fields)}; expected {sorted(fields)}")
-        base, head = text("base"), text("head")
+        base, head = _waiver_text(e, where, "base"), _waiver_text(e, where, "head")
         for field, v in (("base", base), ("head", head)):
             if not _SHA_PREFIX.match(v):
                 raise CompareError(
@@ -974,12 +975,12 @@ def load_waivers(path: Path) -> list[Waiver]:
             Waiver(
                 base,
                 head,
-                text("gpu_model"),
-                text("kind"),
-                text("grid"),
-                text("impl"),
+                _waiver_text(e, where, "gpu_model"),
+                _waiver_text(e, where, "kind"),
+                _waiver_text(e, where, "grid"),
+                _waiver_text(e, where, "impl"),
                 tuple(pairs),
-                text("reason"),
+                _waiver_text(e, where, "reason"),
                 tuple(evidence),
             )
         )

@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_kernel_gpu import random_batch, run_kernel, runs_wgmma  # noqa: E402
+from test_kernel_gpu import gpu_configs, random_batch, run_kernel  # noqa: E402
 
 from harness import bundles  # noqa: E402
 
@@ -24,8 +24,7 @@ from harness import bundles  # noqa: E402
 def main() -> int:
     smoke = bundles.to_batch(bundles.load("smoke"), "cuda")
     small = random_batch(random.Random(99), torch.device("cuda"), work_cap=3e5)
-    configs = ("wgmma-ws", "wgmma", "large", "small") if runs_wgmma() else ("large", "small")
-    for config in configs:
+    for config in gpu_configs():
         for batch in (smoke, small):
             out, lse = run_kernel(batch, config=config)
             torch.cuda.synchronize()

@@ -548,22 +548,15 @@ def test_history_reads_only_files_git_tracks(tmp_path: Path, out_dir: Path) -> N
 
 def _slower_history(reports: Path) -> None:
     """Two runs: case "c" 10 % slower (SLOWER), case "d" unchanged."""
-    save(
-        make_results(
-            {"c": timings(0.1, seed=1), "d": timings(0.2, seed=2)},
-            sha="1" * 40,
-            created="2025-01-01T00:00:00Z",
-        ),
-        reports / "r1",
-    )
-    save(
-        make_results(
-            {"c": timings(0.11, seed=3), "d": timings(0.2, seed=4)},
-            sha="2" * 40,
-            created="2025-01-02T00:00:00Z",
-        ),
-        reports / "r2",
-    )
+    for i, c_ms in ((1, 0.1), (2, 0.11)):
+        save(
+            make_results(
+                {"c": timings(c_ms, seed=2 * i - 1), "d": timings(0.2, seed=2 * i)},
+                sha=str(i) * 40,
+                created=f"2025-01-0{i}T00:00:00Z",
+            ),
+            reports / f"r{i}",
+        )
 
 
 WAIVER = """
