@@ -113,20 +113,6 @@ __device__ __forceinline__ void wgmma_m64n32k16_rs(float (&d)[4][4], const uint3
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
-// The same with D = A B (no accumulate): D is write-only, so the compiler need not keep or
-// define its previous contents.
-__device__ __forceinline__ void wgmma_m64n32k16_rs_first(float (&d)[4][4], const uint32_t (&a)[4], uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-      : "=f"(d[0][0]), "=f"(d[0][1]), "=f"(d[0][2]), "=f"(d[0][3]),
-        "=f"(d[1][0]), "=f"(d[1][1]), "=f"(d[1][2]), "=f"(d[1][3]),
-        "=f"(d[2][0]), "=f"(d[2][1]), "=f"(d[2][2]), "=f"(d[2][3]),
-        "=f"(d[3][0]), "=f"(d[3][1]), "=f"(d[3][2]), "=f"(d[3][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-}
 // D[64 x 256] (+)= A[64 x 16] B[16 x 256]; A K-major, B MN-major (transposed) in shared memory.
 __device__ __forceinline__ void wgmma_m64n256k16_vmn(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile(
@@ -481,18 +467,18 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// S[64 x 32] = Q K^T over 576 dims, K from the 32-key tile at sK: the 512 latent dims with Q from
-// registers (qa[k-step]), the 64 RoPE dims with Q from shared memory (sQRope).
+// S[64 x 32] = Q K^T over 576 dims, K from the 32-key tile at sK: the 64 RoPE dims with Q from
+// shared memory (sQRope) first, then the 512 latent dims with Q from registers (qa[k-step]).
+// RoPE first: 1-2 % faster in the loop-bound cases than last (kernel/NOTES.md, v13).
 __device__ __forceinline__ void qk_tile_rs_issue(float (&s)[4][4], const uint32_t (&qa)[32][4], uint32_t sQRope,
                                                  uint32_t sK) {
   constexpr int kChunk = ConfigWgmmaWs::kChunkBytes;
   wgmma_fence();
   const uint64_t kb = smem_desc(sK, 16, 1024), qr = smem_desc(sQRope, 16, 1024);
-  wgmma_m64n32k16_rs_first(s, qa[0], kb);
 #pragma unroll
-  for (int ks = 1; ks < 32; ++ks) wgmma_m64n32k16_rs(s, qa[ks], kb + (ks / 4) * (kChunk >> 4) + 2 * (ks % 4), 1);
+  for (int k = 0; k < 4; ++k) wgmma_m64n32k16(s, qr + 2 * k, kb + 8 * (kChunk >> 4) + 2 * k, k > 0);
 #pragma unroll
-  for (int k = 0; k < 4; ++k) wgmma_m64n32k16(s, qr + 2 * k, kb + 8 * (kChunk >> 4) + 2 * k, 1);
+  for (int ks = 0; ks < 32; ++ks) wgmma_m64n32k16_rs(s, qa[ks], kb + (ks / 4) * (kChunk >> 4) + 2 * (ks % 4), 1);
   wgmma_commit();
 }
 
@@ -665,6 +651,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       named_bar_sync(kBarFull + stage, kThreads);  // tile landed
       float s[4][4];
       qk_tile_rs_issue(s, qa, sQRope, sKV + stage * Cfg::kTileBytes);
+      // The previous tile's PV done with P (this tile's P overwrites it): waited for while QK runs,
+      // off WG0's chain (kernel/NOTES.md, v13).
+      if (tile > 0) named_bar_sync(kBarPVDone, kThreads);
       wgmma_wait<0>();
       fence_regs(s);
 
@@ -735,7 +724,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
           }
         }
       }
-      if (tile > 0) named_bar_sync(kBarPVDone, kThreads);  // the previous tile's PV no longer reads P
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         store_p_pair(sP, r_lo, j * 8 + (lane % 4) * 2, pk[j][0]);
