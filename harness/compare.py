@@ -471,6 +471,35 @@ def environment_diff(base: Results, head: Results) -> tuple[tuple[str, str, str]
     )
 
 
+# Measured ceilings further apart than this get a note: verdicts compare times, but each run's
+# "% of floor" is against its own ceilings (lent H200s measured 740-785 TFLOP/s for one matmul).
+CEILINGS_NOTE_SHIFT = 0.02
+_CEILING_FIELDS = (
+    ("bf16_tflops", "bf16 tensor peak", "TFLOP/s"),
+    ("copy_bandwidth_gbs", "copy bandwidth", "GB/s"),
+)
+
+
+def ceilings_note(base: Results, head: Results, *, shift: float = CEILINGS_NOTE_SHIFT) -> str | None:
+    """A note when the two runs measured ceilings more than ``shift`` apart (relative), else None."""
+    if not base.ceilings or not head.ceilings:
+        return None
+    parts, moved = [], False
+    for field, label, unit in _CEILING_FIELDS:
+        b, h = base.ceilings.get(field), head.ceilings.get(field)
+        if not isinstance(b, (int, float)) or not isinstance(h, (int, float)) or b <= 0:
+            continue
+        change = h / b - 1.0
+        moved = moved or abs(change) > shift
+        parts.append(f"{label} {b:.0f} -> {h:.0f} {unit} ({change:+.1%})")
+    if not moved:
+        return None
+    return (
+        "measured ceilings differ: " + ", ".join(parts) + "; verdicts compare times, but each run's "
+        "% of floor is against its own ceilings, so % of floor moves by the ceilings' change too"
+    )
+
+
 def _index(rows: Iterable[Any], key: Any, side: str) -> dict[Any, Any]:
     out: dict[Any, Any] = {}
     for row in rows:
@@ -528,6 +557,9 @@ def compare_results(
             notes.append(
                 "some decided cases were throttled on one side (marked): check clocks before trusting them"
             )
+        note = ceilings_note(base.results, head.results)
+        if note:
+            notes.append(note)
     return Comparison(
         base=base,
         head=head,

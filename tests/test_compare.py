@@ -329,6 +329,31 @@ def test_cpu_parity_runs_compare_parity_only(tmp_path: Path) -> None:
     assert any("parity only" in n for n in c.notes)
 
 
+def with_ceilings(results: Results, tflops: float, gbs: float) -> Results:
+    results.ceilings = {"bf16_tflops": tflops, "copy_bandwidth_gbs": gbs, "method": "test"}
+    return results
+
+
+def test_ceilings_that_moved_get_a_note_with_both_values() -> None:
+    base = with_ceilings(make_results({"c": timings(0.1, seed=1)}), 779.0, 4264.0)
+    head = with_ceilings(make_results({"c": timings(0.1, seed=2)}), 740.0, 4263.0)
+    c = compare.compare_results(compare.Side("a", base), compare.Side("b", head))
+    (note,) = [n for n in c.notes if "ceilings" in n]
+    assert "bf16 tensor peak 779 -> 740 TFLOP/s (-5.0%)" in note
+    assert "copy bandwidth 4264 -> 4263 GB/s (-0.0%)" in note
+    assert "% of floor" in note
+
+
+def test_ceilings_within_two_percent_or_missing_get_no_note() -> None:
+    base = with_ceilings(make_results({"c": timings(0.1, seed=1)}), 779.0, 4264.0)
+    head = with_ceilings(make_results({"c": timings(0.1, seed=2)}), 770.0, 4300.0)
+    c = compare.compare_results(compare.Side("a", base), compare.Side("b", head))
+    assert not any("ceilings" in n for n in c.notes)
+    bare = make_results({"c": timings(0.1, seed=3)})
+    c = compare.compare_results(compare.Side("a", base), compare.Side("b", bare))
+    assert not any("ceilings" in n for n in c.notes)
+
+
 def test_impls_option_restricts_the_gate(tmp_path: Path, out_dir: Path) -> None:
     base = make_results({"c": timings(0.1, seed=1)})
     head = make_results({"c": timings(0.2, seed=2)}, sha="b" * 40)

@@ -8,7 +8,13 @@ CONFIGS = {
     "large": {"rows_per_cta": 64, "block_n": 32, "stages": 2, "threads": 256, "dynamic_smem_bytes": 155136},
     "small": {"rows_per_cta": 32, "block_n": 16, "stages": 3, "threads": 128, "dynamic_smem_bytes": 95232},
     "wgmma": {"rows_per_cta": 64, "block_n": 64, "stages": 2, "threads": 256, "dynamic_smem_bytes": 230912},
-    "wgmma-ws": {"rows_per_cta": 64, "block_n": 32, "stages": 5, "threads": 384, "dynamic_smem_bytes": 203520},
+    "wgmma-ws": {
+        "rows_per_cta": 64,
+        "block_n": 32,
+        "stages": 5,
+        "threads": 384,
+        "dynamic_smem_bytes": 203520,
+    },
 }
 
 
