@@ -322,6 +322,21 @@ BAD_CASES = {
         lambda a: _swap(a, tree_mask_indptr=(a["tree_mask_indptr"] * 2).int()),
         "tree_mask_indptr",
     ),
+    "q misaligned": (
+        lambda a: _swap(
+            a, q=torch.empty(a["q"].numel() + 1, dtype=torch.bfloat16, device="cuda")[1:].view(a["q"].shape)
+        ),
+        "q must start at a 16-byte aligned address",
+    ),
+    "out misaligned": (
+        lambda a: _swap(
+            a,
+            out=torch.empty(a["q"].shape[0] * a["q"].shape[1] * 512 + 1, dtype=torch.bfloat16, device="cuda")[
+                1:
+            ].view(a["q"].shape[0], a["q"].shape[1], 512),
+        ),
+        "out must start at a 16-byte aligned address",
+    ),
     "sm_scale nan": (lambda a: _swap(a, sm_scale=float("nan")), "sm_scale"),
     "sm_scale negative": (lambda a: _swap(a, sm_scale=-0.1), "sm_scale"),
 }

@@ -30,6 +30,11 @@ void check_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype, c
   VA_CHECK(t.device() == device, name, " must be on ", device, " (where q is), got ", t.device());
   VA_CHECK(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
   VA_CHECK(t.is_contiguous(), name, " must be contiguous (shape ", shape_str(t), ", strides ", text(t.strides()), ")");
+  // The bf16 tensors are read 4 and 16 bytes at a time and written 4 and 8 at a time (a view at an
+  // odd element offset is not aligned; the access would fault and end the CUDA context).
+  const auto addr = reinterpret_cast<uintptr_t>(t.data_ptr());
+  VA_CHECK(dtype != at::kBFloat16 || addr % 16 == 0, name, " must start at a 16-byte aligned address, got one ",
+           addr % 16, " bytes past it (a view at an element offset?)");
 }
 
 void check_indptr_values(const std::vector<int32_t>& v, const char* name, int64_t last_expected,
