@@ -499,11 +499,25 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[32][4], const __
   }
 }
 
+// The KV gathers' L2 policy: evict_first. A KV tile is read by its row tiles' CTAs at about the
+// same time and never again, so its lines may go before anything else; with the default policy
+// the H=8 T=16 calls run 3-5 us longer and the loop-bound ones 2-3 % (kernel/NOTES.md v14).
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+// cp_async_16_shared with an L2 cache policy (zero-filling when !valid).
+__device__ __forceinline__ void cp_async_16_evict_first(uint32_t dst, const void* src, bool valid, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0), "l"(policy));
+}
+
 // One PV warpgroup's share of a KV row of a 32-key tile: the 16-byte units of its chunks (half 0:
 // chunks 0-3 and 8, half 1: chunks 4-7); four threads per row, `sub` takes units sub and sub + 4.
 // `src` must be a readable address even when !valid (nothing is read then).
 __device__ __forceinline__ void copy_row_half(uint32_t dst_tile, int r, int sub, int half, const __nv_bfloat16* src,
-                                              bool valid) {
+                                              bool valid, uint64_t policy) {
   constexpr int kChunk = ConfigWgmmaWs::kChunkBytes;
   const uint32_t row = dst_tile + r * 128;
   const uint32_t u0 = ((sub ^ (r & 7)) << 4), u1 = (((sub + 4) ^ (r & 7)) << 4);
@@ -511,8 +525,8 @@ __device__ __forceinline__ void copy_row_half(uint32_t dst_tile, int r, int sub,
   for (int ci = 0; ci < 5; ++ci) {
     if (ci < 4 || half == 0) {
       const int c = ci == 4 ? 8 : 4 * half + ci;
-      cp_async_16_shared(row + c * kChunk + u0, src + c * 64 + sub * 8, valid);
-      cp_async_16_shared(row + c * kChunk + u1, src + c * 64 + (sub + 4) * 8, valid);
+      cp_async_16_evict_first(row + c * kChunk + u0, src + c * 64 + sub * 8, valid, policy);
+      cp_async_16_evict_first(row + c * kChunk + u1, src + c * 64 + (sub + 4) * 8, valid, policy);
     }
   }
 }
@@ -747,6 +761,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     const int half = wg - 1;
     const int ptid = tid - 128 * wg;                 // 0..127 within the warpgroup
     const int ld_row = ptid / 4, ld_sub = ptid % 4;  // gather: four threads per KV row
+    const uint64_t kv_policy = l2_evict_first_policy();
     auto fetch_slot = [&](int tile) -> int {
       const int pos = w.kv_begin + tile * kBN + ld_row;
       return tile < num_tiles && pos < w.kv_end ? __ldg(p.kv_indices + pos) : -1;
@@ -755,7 +770,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       // Rows past the split, and slots outside the pool, are zero-filled (never read).
       const bool ok = slot >= 0 && slot < p.num_slots;
       const __nv_bfloat16* src = p.kv + (ok ? static_cast<int64_t>(slot) * kQKDim : 0);
-      copy_row_half(sKV + stage * Cfg::kTileBytes, ld_row, ld_sub, half, src, ok);
+      copy_row_half(sKV + stage * Cfg::kTileBytes, ld_row, ld_sub, half, src, ok, kv_policy);
     };
     // Tile 0 alone first: at the start every SM's L2 -> SM bandwidth is what limits, so tile 0
     // (and WG0's Q) land before tiles 1-4 are asked for.
