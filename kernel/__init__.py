@@ -55,6 +55,8 @@ def verify_attention(
         tree_mask_indptr: [B+1] int32 word offsets into tree_mask.
         sm_scale:         softmax scale applied to q.k.
         out, lse:         optional preallocated outputs ([N, H, 512] bf16, [N, H] fp32).
+                          Every tensor must be contiguous, and q, kv_cache and out must start
+                          16-byte aligned (a fresh tensor does; a view at an odd offset may not).
         validate:         also check what needs the device data (indptr monotonic and consistent,
                           T_b >= 1, slots inside the pool, every draft token sees itself). This copies
                           the indptrs and the tree mask to the host (a sync), so it is skipped while
