@@ -472,7 +472,7 @@ def environment_diff(base: Results, head: Results) -> tuple[tuple[str, str, str]
 
 
 # Measured ceilings further apart than this get a note: verdicts compare times, but each run's
-# "% of floor" is against its own ceilings (lent H200s measured 740-785 TFLOP/s for one matmul).
+# "% of floor" is against its own ceilings (lent H200s measured 740-791 TFLOP/s for one matmul).
 CEILINGS_NOTE_SHIFT = 0.02
 _CEILING_FIELDS = (
     ("bf16_tflops", "bf16 tensor peak", "TFLOP/s"),

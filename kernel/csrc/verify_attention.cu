@@ -88,7 +88,7 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
     smem_set_on.fetch_or(bit, std::memory_order_relaxed);
   }
   main_kernel<<<plan.max_items, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  const int rows = a.num_tokens * a.num_heads;
+  const int rows = p.num_q_rows;
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   cudaLaunchConfig_t lc = {};

@@ -488,11 +488,10 @@ __device__ __forceinline__ bool key_visible(const WorkItem& w, int pos, int tok)
   return visible;
 }
 
-// Writes one thread's share of a finished tile: rows r_lo and r_lo + 8 (accumulator layout),
-// dims dim0 + 8j (+1) for j < 32. l_lo / l_hi are the rows' full softmax denominators.
 // A finished row's normalisation (1 / l) and natural-log lse from its log2-domain max m and sum l.
 // A row that saw no key (l == 0) gets 0 and -inf: the combine weighs such a partial as 0.
 __device__ __forceinline__ float row_inv(float l) { return l > 0.f ? 1.f / l : 0.f; }
+__device__ __forceinline__ float row_lse(float m, float l) { return l > 0.f ? (m + __log2f(l)) * kLn2 : -INFINITY; }
 // fp16 partials (the wgmma-ws config, M = 64): row (slot * 64 + r) of the partial region holds 512
 // fp16 values, each 256-dim half of the row divided by its own power of two above its largest
 // |value| (half_scale); the two scales of a row are floats in the region's second half.
@@ -508,8 +507,9 @@ __device__ __forceinline__ float half_scale(float amax) {
   frexpf(amax, &e);
   return ldexpf(1.f, min(max(e, -126), 127));
 }
-__device__ __forceinline__ float row_lse(float m, float l) { return l > 0.f ? (m + __log2f(l)) * kLn2 : -INFINITY; }
 
+// Writes one thread's share of a finished tile: rows r_lo and r_lo + 8 (accumulator layout),
+// dims dim0 + 8j (+1) for j < 32. l_lo / l_hi are the rows' full softmax denominators.
 template <int kM>
 __device__ __forceinline__ void store_rows(const Params& p, const WorkItem& w, const float (&o)[32][4],
                                            float m_lo, float m_hi, float l_lo, float l_hi, int r_lo,
