@@ -64,7 +64,7 @@ def verify_attention(
                           inputs are known good. Shape, dtype and device checks always run.
         config:           "auto" (wgmma-ws on H100/H200 when built for sm_90a, else by the device's
                           shared memory), "wgmma-ws" (sm_90a, warp-specialized: one warpgroup for
-                          S with Q in registers, two for P V; M=64, 32-key tiles, 5 stages, 198 KB
+                          S with Q in registers, two for P V; M=64, 48-key tiles, 3 stages, 181 KB
                           shared memory per block), "wgmma" (sm_90a, two warpgroups: M=64, 64-key
                           tiles, 226 KB), "large" (mma.sync, M=64, 151 KB: sm_80/sm_90/sm_100) or
                           "small" (mma.sync, M=32, 93 KB: sm_120).

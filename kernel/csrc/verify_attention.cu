@@ -169,7 +169,8 @@ cudaError_t launch(const Args& args, const Plan& plan, cudaStream_t stream) {
 const char* build_info() {
 #define VA_STR2(x) #x
 #define VA_STR(x) VA_STR2(x)
-  return "wgmma-ws (sm_90a): M=64 BN=32 stages=5 (3 warpgroups: S + 2 x PV), KV gathers L2 evict_first; wgmma (sm_90a): M=64 BN=64 stages=2 "
+  return "wgmma-ws (sm_90a): M=64 BN=" VA_STR(VA_WS_BLOCK_N) " stages=" VA_STR(VA_WS_STAGES)
+         " (3 warpgroups: S + 2 x PV), KV gathers L2 evict_first; wgmma (sm_90a): M=64 BN=64 stages=2 "
          "(2 warpgroups)"
 #ifndef VA_HAVE_SM90A
          " [not in this build]"

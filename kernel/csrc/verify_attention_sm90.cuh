@@ -113,6 +113,37 @@ __device__ __forceinline__ void wgmma_m64n32k16_rs(float (&d)[4][4], const uint3
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
+// The same two shapes for 48-key tiles (D[64 x 48], 24 accumulators a thread).
+__device__ __forceinline__ void wgmma_m64n48k16(float (&d)[6][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, "
+      "%24, %25, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+__device__ __forceinline__ void wgmma_m64n48k16_rs(float (&d)[6][4], const uint32_t (&a)[4], uint64_t desc_b,
+                                                   int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, "
+      "{%24, %25, %26, %27}, %28, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+// S tile shapes by key count: kNT n8 tiles (32 or 48 keys).
+template <int kNT>
+__device__ __forceinline__ void wgmma_qk_ss(float (&d)[kNT][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  if constexpr (kNT == 4) wgmma_m64n32k16(d, desc_a, desc_b, scale_d);
+  else wgmma_m64n48k16(d, desc_a, desc_b, scale_d);
+}
+template <int kNT>
+__device__ __forceinline__ void wgmma_qk_rs(float (&d)[kNT][4], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+  if constexpr (kNT == 4) wgmma_m64n32k16_rs(d, a, desc_b, scale_d);
+  else wgmma_m64n48k16_rs(d, a, desc_b, scale_d);
+}
 // D[64 x 256] (+)= A[64 x 16] B[16 x 256]; A K-major, B MN-major (transposed) in shared memory.
 __device__ __forceinline__ void wgmma_m64n256k16_vmn(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile(
@@ -200,6 +231,20 @@ __device__ __forceinline__ void qk_tile(float (&s)[4][4], uint32_t sQ, uint32_t 
 // 64 rows x 64 keys, 128-byte swizzled like every operand.
 __device__ __forceinline__ void store_p_pair(uint32_t sP, int r, int key, uint32_t packed) {
   st_shared_b32(sP + r * 128 + ((((key >> 3) ^ (r & 7))) << 4) + (key & 7) * 2, packed);
+}
+
+// Two 16-key column blocks of a warp's 16 rows of P (keys 16 jj .. 16 jj + 15) with one
+// stmatrix: registers {rows 0-7, keys 8 (2 jj)}, {rows 8-15, same keys}, then the next 8 keys, each
+// in the accumulator layout (row lane / 4, keys 2 (lane % 4), +1), i.e. pk[2 jj][0..1], pk[2 jj + 1][0..1].
+// Lane l gives the address of row l % 8 (+8 for l / 8 odd) of 8-key block 2 jj + l / 16, swizzled like
+// store_p_pair: one address per lane instead of one per stored word.
+__device__ __forceinline__ void store_p_x4(uint32_t sP, int warp_row0, int jj, int lane, uint32_t a0, uint32_t a1,
+                                           uint32_t a2, uint32_t a3) {
+  const int r = warp_row0 + (lane & 7) + ((lane >> 3) & 1) * 8, kb = 2 * jj + (lane >> 4);
+  const uint32_t addr = sP + r * 128 + ((kb ^ (r & 7)) << 4);
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a0), "r"(a1),
+               "r"(a2), "r"(a3)
+               : "memory");
 }
 
 // O[64 x 256] (dims [256 wg, 256 wg + 256)) += P[64 x 64] V[64 x 256], V read in place from the
@@ -379,20 +424,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 }
 
 // ---------------------------------------------------------------------------------------------
-// Warp-specialized variant (config "wgmma-ws", kernel/NOTES.md v8-v9): three warpgroups, 384 threads,
-// KV tiles of 32 keys in 5 stages.
+// Warp-specialized variant (config "wgmma-ws", kernel/NOTES.md v8-v9, v15): three warpgroups, 384
+// threads, KV tiles of 48 keys in 3 stages (32 keys in 5 with -DVA_WS_BLOCK_N=32).
 //   WG0  ("S")   holds Q's 512 latent dims in registers (the wgmma A operand: 32 k-steps x 4
-//                registers) and its 64 RoPE dims in shared memory, computes S = Q K^T for the 32
-//                keys of a tile (36 x wgmma m64n32k16, K from shared memory),
+//                registers) and its 64 RoPE dims in shared memory, computes S = Q K^T for the 48
+//                keys of a tile (36 x wgmma m64n48k16, K from shared memory),
 //                the online softmax, and writes bf16 P and each row's rescale factor to shared
 //                memory. It keeps the running max (registers) and its partial row sums (shared
 //                memory).
 //   WG1, WG2     each own 256 of the 512 output dims (O: 128 registers per thread), multiply P by
-//                their half of V (2 x wgmma m64n256k16), and gather the KV chunks that they alone
+//                their half of V (3 x wgmma m64n256k16), and gather the KV chunks that they alone
 //                read for PV: WG1 dims 0-255 (chunks 0-3) and the RoPE chunk 8 (read only by QK,
 //                which is done before P exists), WG2 dims 256-511 (chunks 4-7).
-// With Q (but its RoPE part) out of shared memory the KV tiles get 180 KB: WG0 computes S for
-// tile i + 1 while WG1/WG2 multiply tile i, and a stage is refilled 5 tiles ahead.
+// With Q (but its RoPE part) out of shared memory the KV tiles get 162 KB: WG0 computes S for
+// tile i + 1 while WG1/WG2 multiply tile i, and a stage is refilled 3 tiles ahead. 48 keys rather
+// than 32 spread the per-tile costs that do not grow with the keys (the hand-off, barriers, the
+// row-max shuffles) over 1.5x the keys, and run wgmma at n48, which wastes less of each
+// instruction than n32 (kernel/NOTES.md v15).
 // Hand-offs: named barriers (bar.arrive by the producing side, bar.sync by the waiting side), and
 // one mbarrier for the data that threads of WG0 write and threads of WG1/WG2 read:
 //   kBarFull + s  tile in stage s landed (WG1/WG2 -> WG0)
@@ -405,20 +453,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 //   kBarEpilogue  WG1 + WG2: the split partial's staging (store_partial_bulk)
 // Registers: setmaxnreg moves WG0 to 184 and WG1/WG2 to 160 each (128 x (184 + 2 x 160) = 64512,
 // the 168 x 384 the CTA starts with). ptxas accepts no less than 160 for a PV warpgroup, and
-// spills in WG0 with all of Q in registers or with 64-key tiles (S twice as large).
+// spills in WG0 with all of Q in registers or with 64-key tiles (S twice as large). 48 keys fit:
+// P goes out with stmatrix as soon as it is packed (no per-word addresses), each role takes its
+// accumulator rows from %tid.x, and the gather addresses its chunks at constant offsets.
 // ---------------------------------------------------------------------------------------------
-struct ConfigWgmmaWs {
+template <int kBlockN_, int kStages_>
+struct ConfigWgmmaWsT {
   static constexpr int kM = 64;
-  static constexpr int kBlockN = 32;
-  static constexpr int kStages = 5;
+  static constexpr int kBlockN = kBlockN_;                    // keys per KV tile: 32 or 48
+  static constexpr int kStages = kStages_;
   static constexpr int kThreads = 384;
   static constexpr int kQRegSteps = 32;                       // k-steps of Q held in registers (512 dims)
-  static constexpr int kChunkBytes = kBlockN * 128;           // 32 rows x 64 dims (128 B) = 4 swizzle atoms
+  static constexpr int kChunkBytes = kBlockN * 128;           // kBlockN rows x 64 dims (128 B): whole swizzle atoms
   static constexpr int kChunks = kQKDim / 64;
-  static constexpr int kTileBytes = kChunks * kChunkBytes;    // 36 KB per stage
+  static constexpr int kTileBytes = kChunks * kChunkBytes;    // 36 KB (32 keys) or 54 KB (48) per stage
   static constexpr int kKVOff = 0;
   static constexpr int kQRopeOff = kStages * kTileBytes;      // Q dims 512-575: 64 rows x 128 B, swizzled
-  static constexpr int kPOff = kQRopeOff + 64 * 128;          // P: 64 rows x 64 keys (32 used), swizzled
+  static constexpr int kPOff = kQRopeOff + 64 * 128;          // P: 64 rows x 64 keys (kBlockN used), swizzled
   static constexpr int kAlphaOff = kPOff + 64 * 128;          // [64] rescale factor per row
   static constexpr int kStatOff = kAlphaOff + 64 * 4;         // [2][64] final row max, row sum
   static constexpr int kSumOff = kStatOff + 2 * 64 * 4;       // [128 threads][2] running partial row sums
@@ -429,8 +480,22 @@ struct ConfigWgmmaWs {
   // units): P = exp2(s - ref) stays below 2^8, and in between the rescale factor is exactly 1, so
   // WG1/WG2 skip the rescale of O (kernel/NOTES.md, v12).
   static constexpr float kRescaleThreshold = 8.f;
+  static_assert(kBlockN == 32 || kBlockN == 48, "S tiles of 32 or 48 keys (wgmma n32 / n48, PV k-steps of 16)");
+  static_assert(kChunkBytes % 1024 == 0, "chunks of whole 8-row swizzle atoms");
   static_assert(128 * (kRegsS + 2 * kRegsPV) <= 168 * kThreads, "register budget of one CTA per SM");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA per SM on sm_90");
 };
+// The KV tile: 48 keys x 3 stages (4 do not fit in 227 KB), or 32 keys x 5 stages (v8-v14). A
+// build flag so that tuning runs can time both from one tree.
+#ifndef VA_WS_BLOCK_N
+#define VA_WS_BLOCK_N 48
+#endif
+#if VA_WS_BLOCK_N == 32
+#define VA_WS_STAGES 5
+#else
+#define VA_WS_STAGES 3
+#endif
+using ConfigWgmmaWs = ConfigWgmmaWsT<VA_WS_BLOCK_N, VA_WS_STAGES>;
 
 __device__ __forceinline__ void named_bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
@@ -467,18 +532,18 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// S[64 x 32] = Q K^T over 576 dims, K from the 32-key tile at sK: the 64 RoPE dims with Q from
+// S[64 x kBN] = Q K^T over 576 dims, K from the kBN-key tile at sK: the 64 RoPE dims with Q from
 // shared memory (sQRope) first, then the 512 latent dims with Q from registers (qa[k-step]).
 // RoPE first: 1-2 % faster in the loop-bound cases than last (kernel/NOTES.md, v13).
-__device__ __forceinline__ void qk_tile_rs_issue(float (&s)[4][4], const uint32_t (&qa)[32][4], uint32_t sQRope,
+template <int kNT, int kChunk>
+__device__ __forceinline__ void qk_tile_rs_issue(float (&s)[kNT][4], const uint32_t (&qa)[32][4], uint32_t sQRope,
                                                  uint32_t sK) {
-  constexpr int kChunk = ConfigWgmmaWs::kChunkBytes;
   wgmma_fence();
   const uint64_t kb = smem_desc(sK, 16, 1024), qr = smem_desc(sQRope, 16, 1024);
 #pragma unroll
-  for (int k = 0; k < 4; ++k) wgmma_m64n32k16(s, qr + 2 * k, kb + 8 * (kChunk >> 4) + 2 * k, k > 0);
+  for (int k = 0; k < 4; ++k) wgmma_qk_ss<kNT>(s, qr + 2 * k, kb + 8 * (kChunk >> 4) + 2 * k, k > 0);
 #pragma unroll
-  for (int ks = 0; ks < 32; ++ks) wgmma_m64n32k16_rs(s, qa[ks], kb + (ks / 4) * (kChunk >> 4) + 2 * (ks % 4), 1);
+  for (int ks = 0; ks < 32; ++ks) wgmma_qk_rs<kNT>(s, qa[ks], kb + (ks / 4) * (kChunk >> 4) + 2 * (ks % 4), 1);
   wgmma_commit();
 }
 
@@ -499,6 +564,15 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[32][4], const __
   }
 }
 
+// This thread's accumulator rows in its warpgroup's 64 x N wgmma tiles: r and r + 8. Read from
+// %tid.x in each role rather than computed once before the roles split: ptxas would otherwise keep
+// the one value live into both roles and spill it where the 48-key tile leaves no register free.
+__device__ __forceinline__ int accumulator_row() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+  return ((t / 32) % 4) * 16 + (t % 32) / 4;
+}
+
 // The KV gathers' L2 policy: evict_first. A KV tile is read by its row tiles' CTAs at about the
 // same time and never again, so its lines may go before anything else; with the default policy
 // the H=8 T=16 calls run 3-5 us longer and the loop-bound ones 2-3 % (kernel/NOTES.md v14).
@@ -513,20 +587,23 @@ __device__ __forceinline__ void cp_async_16_evict_first(uint32_t dst, const void
                "r"(valid ? 16 : 0), "l"(policy));
 }
 
-// One PV warpgroup's share of a KV row of a 32-key tile: the 16-byte units of its chunks (half 0:
-// chunks 0-3 and 8, half 1: chunks 4-7); four threads per row, `sub` takes units sub and sub + 4.
-// `src` must be a readable address even when !valid (nothing is read then).
+// One PV warpgroup's share of a KV row of a tile (kChunk bytes per 64-dim chunk): the 16-byte units
+// of its chunks (half 0: chunks 0-3 and 8, half 1: chunks 4-7); four threads per row, `sub` takes
+// units sub and sub + 4. `src` must be a readable address even when !valid (nothing is read then).
+template <int kChunk>
 __device__ __forceinline__ void copy_row_half(uint32_t dst_tile, int r, int sub, int half, const __nv_bfloat16* src,
                                               bool valid, uint64_t policy) {
-  constexpr int kChunk = ConfigWgmmaWs::kChunkBytes;
-  const uint32_t row = dst_tile + r * 128;
-  const uint32_t u0 = ((sub ^ (r & 7)) << 4), u1 = (((sub + 4) ^ (r & 7)) << 4);
+  // One base address on each side and the chunks at constant offsets from it (chunks 4 half + c,
+  // c < 4, and for half 0 chunk 8): the 10 copies then need few registers (48-key tiles, 160 a thread).
+  const uint32_t d0 = dst_tile + r * 128 + 4 * half * kChunk + ((sub ^ (r & 7)) << 4);
+  const uint32_t d1 = dst_tile + r * 128 + 4 * half * kChunk + (((sub + 4) ^ (r & 7)) << 4);
+  const __nv_bfloat16* s0 = src + 4 * half * 64 + sub * 8;
 #pragma unroll
   for (int ci = 0; ci < 5; ++ci) {
     if (ci < 4 || half == 0) {
-      const int c = ci == 4 ? 8 : 4 * half + ci;
-      cp_async_16_evict_first(row + c * kChunk + u0, src + c * 64 + sub * 8, valid, policy);
-      cp_async_16_evict_first(row + c * kChunk + u1, src + c * 64 + (sub + 4) * 8, valid, policy);
+      const int c = ci == 4 ? 8 : ci;  // chunk relative to 4 half (half is 0 for chunk 8)
+      cp_async_16_evict_first(d0 + c * kChunk, s0 + c * 64, valid, policy);
+      cp_async_16_evict_first(d1 + c * kChunk, s0 + c * 64 + 32, valid, policy);
     }
   }
 }
@@ -602,7 +679,8 @@ template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_kernel(Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kM = Cfg::kM, kBN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
-  static_assert(kM == 64 && kBN == 32 && kThreads == 384, "layout below assumes these");
+  static_assert(kM == 64 && (kBN == 32 || kBN == 48) && kThreads == 384, "layout below assumes these");
+  constexpr int kNT = kBN / 8;  // n8 tiles of S: a thread holds 2 x kNT scores of each of its two rows
   constexpr int kBarFull = 1, kBarPVDone = kBarFull + kStages, kBarS = kBarPVDone + 1;
   constexpr int kBarEpilogue = kBarS + 1;
   static_assert(kBarEpilogue < 16, "16 named barriers per CTA");
@@ -624,7 +702,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int wg = warp / 4;
-  const int r_lo = (warp % 4) * 16 + lane / 4;  // this thread's accumulator rows: r_lo, r_lo + 8
   __shared__ WorkItem s_item;
   __shared__ __align__(8) uint64_t s_bar_p_ready;
   const uint32_t bar_p_ready = smem_addr(&s_bar_p_ready);
@@ -639,6 +716,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   if (wg == 0) {
     // ================= WG0: S, online softmax =================
     setmaxnreg_inc<Cfg::kRegsS>();
+    const int r_lo = accumulator_row();
     {
       // Q's RoPE dims into shared memory: two threads per row, 4 of its 8 units each.
       const int r = tid / 2, sub = tid % 2;
@@ -663,8 +741,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int stage = tile % kStages;
       named_bar_sync(kBarFull + stage, kThreads);  // tile landed
-      float s[4][4];
-      qk_tile_rs_issue(s, qa, sQRope, sKV + stage * Cfg::kTileBytes);
+      float s[kNT][4];
+      qk_tile_rs_issue<kNT, Cfg::kChunkBytes>(s, qa, sQRope, sKV + stage * Cfg::kTileBytes);
       // The previous tile's PV done with P (this tile's P overwrites it): waited for while QK runs,
       // off WG0's chain (kernel/NOTES.md, v13).
       if (tile > 0) named_bar_sync(kBarPVDone, kThreads);
@@ -678,10 +756,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         const int tok_lo = row_token(w, r_lo, p.num_heads), tok_hi = row_token(w, r_lo + 8, p.num_heads);
         uint32_t vis = 0;
 #pragma unroll 1
-        for (int q = 0; q < 16; ++q)
+        for (int q = 0; q < 4 * kNT; ++q)
           vis |= static_cast<uint32_t>(key_visible(w, pos0 + (q / 4) * 8 + (q & 1), (q & 2) ? tok_hi : tok_lo)) << q;
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < kNT; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
             if (!((vis >> (j * 4 + e)) & 1u)) s[j][e] = -INFINITY;
@@ -690,7 +768,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       // the exponent's FMA below.
       float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < kNT; ++j) {
         mx_lo = fmaxf(mx_lo, fmaxf(s[j][0], s[j][1]));
         mx_hi = fmaxf(mx_hi, fmaxf(s[j][2], s[j][3]));
       }
@@ -713,15 +791,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         ref_hi = m_hi == -INFINITY ? 0.f : m_hi;
       }
       float sum_lo = 0.f, sum_hi = 0.f;
-      uint32_t pk[4][2];
+      uint32_t pk[kNT][2];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < kNT; ++j) {
         const float p0 = fast_exp2(fmaf(s[j][0], scale, -ref_lo)), p1 = fast_exp2(fmaf(s[j][1], scale, -ref_lo));
         const float p2 = fast_exp2(fmaf(s[j][2], scale, -ref_hi)), p3 = fast_exp2(fmaf(s[j][3], scale, -ref_hi));
         sum_lo += p0 + p1;
         sum_hi += p2 + p3;
         pk[j][0] = pack_bf16(p0, p1);
         pk[j][1] = pack_bf16(p2, p3);
+        if (j % 2 == 1) store_p_x4(sP, (warp % 4) * 16, j / 2, lane, pk[j - 1][0], pk[j - 1][1], pk[j][0], pk[j][1]);
       }
       {
         const float2 l0 = sSum[tid];
@@ -738,11 +817,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
           }
         }
       }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        store_p_pair(sP, r_lo, j * 8 + (lane % 4) * 2, pk[j][0]);
-        store_p_pair(sP, r_lo + 8, j * 8 + (lane % 4) * 2, pk[j][1]);
-      }
       if (lane % 4 == 0) {
         sAlpha[r_lo] = alpha_lo;
         sAlpha[r_lo + 8] = alpha_hi;
@@ -758,37 +832,50 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   } else {
     // ================= WG1 / WG2: gather, O += P V =================
     setmaxnreg_dec<Cfg::kRegsPV>();
+    const int r_lo = accumulator_row();
     const int half = wg - 1;
     const int ptid = tid - 128 * wg;                 // 0..127 within the warpgroup
-    const int ld_row = ptid / 4, ld_sub = ptid % 4;  // gather: four threads per KV row
+    // Gather: four threads per KV row; row ld_row, and for a 48-key tile the first 64 threads also
+    // row ld_row + 32 (its slot in `slot2`, -1 where a thread has none).
+    const int ld_row = ptid / 4, ld_sub = ptid % 4;
+    constexpr bool kTwoRows = kBN > 32;
+    const bool has_row2 = kTwoRows && ld_row + 32 < kBN;
     const uint64_t kv_policy = l2_evict_first_policy();
-    auto fetch_slot = [&](int tile) -> int {
-      const int pos = w.kv_begin + tile * kBN + ld_row;
+    auto fetch_slot = [&](int tile, int r) -> int {
+      const int pos = w.kv_begin + tile * kBN + r;
       return tile < num_tiles && pos < w.kv_end ? __ldg(p.kv_indices + pos) : -1;
     };
-    auto load_tile = [&](int slot, int stage) {
+    auto load_row = [&](int slot, int r, int stage) {
       // Rows past the split, and slots outside the pool, are zero-filled (never read).
       const bool ok = slot >= 0 && slot < p.num_slots;
       const __nv_bfloat16* src = p.kv + (ok ? static_cast<int64_t>(slot) * kQKDim : 0);
-      copy_row_half(sKV + stage * Cfg::kTileBytes, ld_row, ld_sub, half, src, ok, kv_policy);
+      copy_row_half<Cfg::kChunkBytes>(sKV + stage * Cfg::kTileBytes, r, ld_sub, half, src, ok, kv_policy);
     };
+    auto load_tile = [&](int slot, int slot2, int stage) {
+      load_row(slot, ld_row, stage);
+      if constexpr (kTwoRows) {
+        if (has_row2) load_row(slot2, ld_row + 32, stage);
+      }
+    };
+    auto fetch_slot2 = [&](int tile) -> int { return has_row2 ? fetch_slot(tile, ld_row + 32) : -1; };
     // Tile 0 alone first: at the start every SM's L2 -> SM bandwidth is what limits, so tile 0
-    // (and WG0's Q) land before tiles 1-4 are asked for.
-    load_tile(fetch_slot(0), 0);  // num_tiles >= 1
+    // (and WG0's Q) land before tiles 1.. are asked for.
+    load_tile(fetch_slot(0, ld_row), fetch_slot2(0), 0);  // num_tiles >= 1
     cp_async_commit();
-    float o[32][4];
-#pragma unroll
-    for (int j = 0; j < 32; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     cp_async_wait<0>();
     fence_proxy_async();
     named_bar_arrive(kBarFull + 0, kThreads);
 #pragma unroll 1
     for (int t = 1; t < kStages; ++t) {
-      if (t < num_tiles) load_tile(fetch_slot(t), t);
+      if (t < num_tiles) load_tile(fetch_slot(t, ld_row), fetch_slot2(t), t);
       cp_async_commit();
     }
+    float o[32][4];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     for (int tile = 0; tile < num_tiles; ++tile) {
-      const int next_slot = fetch_slot(tile + kStages);  // consumed after this tile's PV
+      // Consumed after this tile's PV.
+      const int next_slot = fetch_slot(tile + kStages, ld_row), next_slot2 = fetch_slot2(tile + kStages);
       // The next tile (gathered kStages - 1 tiles ago) should have landed; WG0 may start its QK
       // before it hands over this tile's P.
       cp_async_wait<kStages - 2>();
@@ -802,7 +889,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       pv_tile_wait(o);
       named_bar_arrive(kBarPVDone, kThreads);
       // This warpgroup's chunks of the stage are free now (QK of this tile finished before P).
-      if (tile + kStages < num_tiles) load_tile(next_slot, tile % kStages);
+      if (tile + kStages < num_tiles) load_tile(next_slot, next_slot2, tile % kStages);
       cp_async_commit();
     }
     cp_async_wait<0>();
