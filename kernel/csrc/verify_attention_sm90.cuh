@@ -836,7 +836,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     const int half = wg - 1;
     const int ptid = tid - 128 * wg;                 // 0..127 within the warpgroup
     // Gather: four threads per KV row; row ld_row, and for a 48-key tile the first 64 threads also
-    // row ld_row + 32 (its slot in `slot2`, -1 where a thread has none).
+    // row ld_row + 32 (fetch_slots: .x and .y, -1 where a thread has no such row or it is past the split).
     const int ld_row = ptid / 4, ld_sub = ptid % 4;
     constexpr bool kTwoRows = kBN > 32;
     const bool has_row2 = kTwoRows && ld_row + 32 < kBN;
@@ -845,37 +845,38 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       const int pos = w.kv_begin + tile * kBN + r;
       return tile < num_tiles && pos < w.kv_end ? __ldg(p.kv_indices + pos) : -1;
     };
+    auto fetch_slots = [&](int tile) -> int2 {
+      return make_int2(fetch_slot(tile, ld_row), has_row2 ? fetch_slot(tile, ld_row + 32) : -1);
+    };
     auto load_row = [&](int slot, int r, int stage) {
       // Rows past the split, and slots outside the pool, are zero-filled (never read).
       const bool ok = slot >= 0 && slot < p.num_slots;
       const __nv_bfloat16* src = p.kv + (ok ? static_cast<int64_t>(slot) * kQKDim : 0);
       copy_row_half<Cfg::kChunkBytes>(sKV + stage * Cfg::kTileBytes, r, ld_sub, half, src, ok, kv_policy);
     };
-    auto load_tile = [&](int slot, int slot2, int stage) {
-      load_row(slot, ld_row, stage);
+    auto load_tile = [&](int2 slots, int stage) {
+      load_row(slots.x, ld_row, stage);
       if constexpr (kTwoRows) {
-        if (has_row2) load_row(slot2, ld_row + 32, stage);
+        if (has_row2) load_row(slots.y, ld_row + 32, stage);
       }
     };
-    auto fetch_slot2 = [&](int tile) -> int { return has_row2 ? fetch_slot(tile, ld_row + 32) : -1; };
     // Tile 0 alone first: at the start every SM's L2 -> SM bandwidth is what limits, so tile 0
     // (and WG0's Q) land before tiles 1.. are asked for.
-    load_tile(fetch_slot(0, ld_row), fetch_slot2(0), 0);  // num_tiles >= 1
+    load_tile(fetch_slots(0), 0);  // num_tiles >= 1
     cp_async_commit();
+    float o[32][4];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     cp_async_wait<0>();
     fence_proxy_async();
     named_bar_arrive(kBarFull + 0, kThreads);
 #pragma unroll 1
     for (int t = 1; t < kStages; ++t) {
-      if (t < num_tiles) load_tile(fetch_slot(t, ld_row), fetch_slot2(t), t);
+      if (t < num_tiles) load_tile(fetch_slots(t), t);
       cp_async_commit();
     }
-    float o[32][4];
-#pragma unroll
-    for (int j = 0; j < 32; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     for (int tile = 0; tile < num_tiles; ++tile) {
-      // Consumed after this tile's PV.
-      const int next_slot = fetch_slot(tile + kStages, ld_row), next_slot2 = fetch_slot2(tile + kStages);
+      const int2 next_slots = fetch_slots(tile + kStages);  // consumed after this tile's PV
       // The next tile (gathered kStages - 1 tiles ago) should have landed; WG0 may start its QK
       // before it hands over this tile's P.
       cp_async_wait<kStages - 2>();
@@ -889,7 +890,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       pv_tile_wait(o);
       named_bar_arrive(kBarPVDone, kThreads);
       // This warpgroup's chunks of the stage are free now (QK of this tile finished before P).
-      if (tile + kStages < num_tiles) load_tile(next_slot, next_slot2, tile % kStages);
+      if (tile + kStages < num_tiles) load_tile(next_slots, tile % kStages);
       cp_async_commit();
     }
     cp_async_wait<0>();
