@@ -103,6 +103,24 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
   // Few rows means many splits per row (the plan fills the GPU): 4 groups read a row's splits
   // in parallel. Many rows (few splits each) already fill the GPU with one group per row.
   constexpr bool kHalf = std::is_same<Cfg, ConfigWgmmaWs>::value;  // its partials are fp16 (half_partials)
+#ifndef VA_COMBINE_TWO_PASS
+  if constexpr (kHalf) {
+    // Few rows: one block a row with every split's partial in flight at once (combine_wide_kernel);
+    // the groups a block shrink as rows grow so that the blocks stay one wave (splits a row shrink too).
+    if (rows <= 132) {
+      lc.blockDim = dim3(8 * kWideLanes);
+      return cudaLaunchKernelEx(&lc, combine_wide_kernel<Cfg, 8, 9>, p, rows);
+    }
+    if (rows <= 264) {
+      lc.blockDim = dim3(4 * kWideLanes);
+      return cudaLaunchKernelEx(&lc, combine_wide_kernel<Cfg, 4, 9>, p, rows);
+    }
+    if (rows <= kCombineManySplitsRows) {
+      lc.blockDim = dim3(2 * kWideLanes);
+      return cudaLaunchKernelEx(&lc, combine_wide_kernel<Cfg, 2, 9>, p, rows);
+    }
+  }
+#endif
   if (rows <= kCombineManySplitsRows) {
     lc.blockDim = dim3(4 * kCombineLanes);
     return cudaLaunchKernelEx(&lc, combine_kernel<Cfg, 4, kHalf>, p, rows);
