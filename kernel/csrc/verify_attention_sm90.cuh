@@ -573,20 +573,6 @@ __device__ __forceinline__ int accumulator_row() {
   return ((t / 32) % 4) * 16 + (t % 32) / 4;
 }
 
-// The KV gathers' L2 policy: evict_first. A KV tile is read by its row tiles' CTAs at about the
-// same time and never again, so its lines may go before anything else; with the default policy
-// the H=8 T=16 calls run 3-5 us longer and the loop-bound ones 2-3 % (kernel/NOTES.md v14).
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-// cp_async_16_shared with an L2 cache policy (zero-filling when !valid).
-__device__ __forceinline__ void cp_async_16_evict_first(uint32_t dst, const void* src, bool valid, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0), "l"(policy));
-}
-
 // One PV warpgroup's share of a KV row of a tile (kChunk bytes per 64-dim chunk): the 16-byte units
 // of its chunks (half 0: chunks 0-3 and 8, half 1: chunks 4-7); four threads per row, `sub` takes
 // units sub and sub + 4. `src` must be a readable address even when !valid (nothing is read then).
