@@ -114,8 +114,9 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // The KV gathers' L2 policy: evict_first. A KV tile is read by its row tiles' CTAs at about the
-// same time and never again, so its lines may go before anything else; with the default policy
-// the H=8 T=16 calls run 3-5 us longer and the loop-bound ones 2-3 % (kernel/NOTES.md v14).
+// same time and never again, so its lines may go before anything else. With the default policy
+// the wgmma-ws kernel's H=8 T=16 calls run 3-5 us longer and its loop-bound ones 2-3 %
+// (kernel/NOTES.md v14); the mma.sync kernels' calls ~1 % longer on the H200 (v16).
 __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
@@ -616,9 +617,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     const int pos = kv_begin + tile * kBN + ld_row;
     return pos < kv_end ? __ldg(p.kv_indices + pos) : -1;
   };
-#ifdef VA_MMA_KV_EVICT_FIRST
   const uint64_t kv_policy = l2_evict_first_policy();
-#endif
   auto load_tile = [&](int slot, int stage) {
     // Rows past the split, and slots outside the pool, are zero-filled: never read, and a
     // zero V row times a zero probability cannot turn into NaN.
@@ -628,11 +627,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
 #pragma unroll
     for (int i = 0; i < kChunksPerRow / kThreadsPerRow; ++i) {
       const int k = ld_sub + i * kThreadsPerRow;
-#ifdef VA_MMA_KV_EVICT_FIRST
       cp_async_16_evict_first(smem_addr(dst + k * 8), src + (ok ? k * 8 : 0), ok, kv_policy);
-#else
-      cp_async_16(dst + k * 8, src + (ok ? k * 8 : 0), ok);
-#endif
     }
   };
 #pragma unroll
