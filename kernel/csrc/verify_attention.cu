@@ -39,6 +39,14 @@ void fill_plan(int batch, int num_tokens, int num_heads, int max_partials, int c
   plan->workspace_bytes = workspace_bytes<Cfg>(batch, max_partials);
 }
 
+// combine_wide_kernel with kGroups groups of kWideLanes threads a row; each thread loads 9 splits
+// before it uses any (kGroups x 9 splits a batch).
+template <class Cfg, int kGroups>
+cudaError_t launch_combine_wide(cudaLaunchConfig_t lc, const Params& p, int rows) {
+  lc.blockDim = dim3(kGroups * kWideLanes);
+  return cudaLaunchKernelEx(&lc, combine_wide_kernel<Cfg, kGroups, 9>, p, rows);
+}
+
 using MainKernel = void (*)(Params);
 
 template <class Cfg>
@@ -107,18 +115,9 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
   if constexpr (kHalf) {
     // Few rows: one block a row with every split's partial in flight at once (combine_wide_kernel);
     // the groups a block shrink as rows grow so that the blocks stay one wave (splits a row shrink too).
-    if (rows <= 132) {
-      lc.blockDim = dim3(8 * kWideLanes);
-      return cudaLaunchKernelEx(&lc, combine_wide_kernel<Cfg, 8, 9>, p, rows);
-    }
-    if (rows <= 264) {
-      lc.blockDim = dim3(4 * kWideLanes);
-      return cudaLaunchKernelEx(&lc, combine_wide_kernel<Cfg, 4, 9>, p, rows);
-    }
-    if (rows <= kCombineManySplitsRows) {
-      lc.blockDim = dim3(2 * kWideLanes);
-      return cudaLaunchKernelEx(&lc, combine_wide_kernel<Cfg, 2, 9>, p, rows);
-    }
+    if (rows <= 132) return launch_combine_wide<Cfg, 8>(lc, p, rows);
+    if (rows <= 264) return launch_combine_wide<Cfg, 4>(lc, p, rows);
+    if (rows <= kCombineManySplitsRows) return launch_combine_wide<Cfg, 2>(lc, p, rows);
   }
 #endif
   if (rows <= kCombineManySplitsRows) {
