@@ -450,7 +450,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 //                 racecheck clean, where a named barrier here was not)
 //   kBarPVDone    both halves of PV done with P (WG1/WG2 -> WG0, before it overwrites P)
 //   kBarS         WG0's own 128 threads: Q's RoPE rows landed (once)
-//   kBarEpilogue  WG1 + WG2: the split partial's staging (store_partial_bulk)
+//   kBarEpilogue  WG1 + WG2: the split partial's staging (store_partial_half)
 // Registers: setmaxnreg moves WG0 to 184 and WG1/WG2 to 160 each (128 x (184 + 2 x 160) = 64512,
 // the 168 x 384 the CTA starts with). ptxas accepts no less than 160 for a PV warpgroup, and
 // spills in WG0 with all of Q in registers or with 64-key tiles (S twice as large). 48 keys fit:
@@ -553,6 +553,28 @@ __device__ __forceinline__ void qk_tile_rs_issue(float (&s)[kNT][4], const uint3
 __device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[32][4], const __nv_bfloat16* q, const WorkItem& w,
                                                  int r_lo, int lane) {
   const int row_lo = r_lo < w.valid_rows ? r_lo : 0, row_hi = r_lo + 8 < w.valid_rows ? r_lo + 8 : 0;
+#ifndef VA_Q_NARROW_LOADS
+  // 8-byte loads, half the requests of one 4-byte load a word (build flag VA_Q_NARROW_LOADS, for
+  // an A/B): in each k-step's 8 words, lanes c = 0, 2 of a quad load words c, c + 1 and lanes
+  // c = 1, 3 words c + 3, c + 4; one shuffle with the neighbour lane then leaves lane c with words
+  // c and c + 4, its fragment. 16-byte loads and a 4 x 4 quad transpose spilled (kernel/NOTES.md, v17).
+  const int c = lane % 4;
+  const bool odd = c & 1;
+  const int off = odd ? 3 + c : c;  // even: a whole 8-byte pair either way
+  const uint2* p_lo = reinterpret_cast<const uint2*>(q + (w.q_row_base + row_lo) * kQKDim + 2 * off);
+  const uint2* p_hi = reinterpret_cast<const uint2*>(q + (w.q_row_base + row_hi) * kQKDim + 2 * off);
+#pragma unroll
+  for (int ks = 0; ks < 32; ++ks) {
+    const uint2 a = __ldg(p_lo + 4 * ks), b = __ldg(p_hi + 4 * ks);
+    const uint32_t ra = __shfl_xor_sync(0xffffffffu, odd ? a.x : a.y, 1);
+    const uint32_t rb = __shfl_xor_sync(0xffffffffu, odd ? b.x : b.y, 1);
+    qa[ks][0] = odd ? ra : a.x;
+    qa[ks][2] = odd ? a.y : ra;
+    qa[ks][1] = odd ? rb : b.x;
+    qa[ks][3] = odd ? b.y : rb;
+  }
+  return;
+#endif
   const uint32_t* q_lo = reinterpret_cast<const uint32_t*>(q + (w.q_row_base + row_lo) * kQKDim) + lane % 4;
   const uint32_t* q_hi = reinterpret_cast<const uint32_t*>(q + (w.q_row_base + row_hi) * kQKDim) + lane % 4;
 #pragma unroll
@@ -598,13 +620,14 @@ __device__ __forceinline__ void copy_row_half(uint32_t dst_tile, int r, int sub,
 // and QK of the split is done, as fp16 (half_partials): each 256-dim half row (one warpgroup's)
 // divided by its own power of two above its largest |value|, so the values sit in (-1, 1) with
 // 11 significant bits, and the scale goes beside the lse. The rows go to the free KV stages
-// (padded to 1040 B: conflict-free 4-byte stores), then one 1 KB bulk copy per valid row.
+// (padded to 1040 B: conflict-free 4-byte stores), then all 256 threads copy the valid rows out,
+// 16 bytes each an instruction (512 contiguous bytes a warp): ~0.6 us less than one 1 KB bulk copy
+// a row, which the bulk-copy unit issued at ~45 ns each (kernel/NOTES.md, v17).
 // Against fp32 partials: half the bytes written here and read by the combine, 2-3 us less on the
 // short-prefix cases, the same error against the fp64 oracle to 3 digits (kernel/NOTES.md, v12).
-__device__ __forceinline__ void store_partial_bulk(const Params& p, const WorkItem& w, const float (&o)[32][4],
+__device__ __forceinline__ void store_partial_half(const Params& p, const WorkItem& w, const float (&o)[32][4],
                                                    float m_lo, float m_hi, float l_lo, float l_hi, int r_lo,
-                                                   int half, int ptid, unsigned char* smem_base, uint32_t s_stage,
-                                                   int bar) {
+                                                   int half, int ptid, unsigned char* smem_base, int bar) {
   constexpr int kRowHalves = kVDim + 8;
   const float inv_lo = row_inv(l_lo), inv_hi = row_inv(l_hi);
   const int lane = threadIdx.x % 32;
@@ -625,15 +648,19 @@ __device__ __forceinline__ void store_partial_bulk(const Params& p, const WorkIt
     *reinterpret_cast<__half2*>(lo + j * 8) = __floats2half2_rn(o[j][0] * mul_lo, o[j][1] * mul_lo);
     *reinterpret_cast<__half2*>(hi + j * 8) = __floats2half2_rn(o[j][2] * mul_hi, o[j][3] * mul_hi);
   }
-  fence_proxy_async();  // these writes, then the bulk copies' reads (async proxy)
   named_bar_sync(bar, 256);
   const int64_t slot = w.partial_base + w.local;
-  if (ptid < w.valid_rows && half == 0) {
-    __half* dst = half_partials(p) + (slot * 64 + ptid) * kVDim;
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
-                 "r"(s_stage + static_cast<uint32_t>(ptid * kRowHalves * 2)), "n"(kVDim * 2)
-                 : "memory");
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+  {
+    constexpr int kUnits = kVDim * 2 / 16;  // 16-byte units a row
+    const int units = w.valid_rows * kUnits;
+    const char* src = reinterpret_cast<const char*>(smem_base);
+    char* dst = reinterpret_cast<char*>(half_partials(p) + slot * 64 * kVDim);
+#pragma unroll 4
+    for (int u = ptid + 128 * half; u < units; u += 256) {
+      const int row = u / kUnits, c = u % kUnits;
+      const uint4 v = *reinterpret_cast<const uint4*>(src + row * kRowHalves * 2 + c * 16);
+      *reinterpret_cast<uint4*>(dst + row * kVDim * 2 + c * 16) = v;
+    }
   }
   if (lane % 4 == 0) {
     float* scales = half_partial_scales(p);
@@ -644,8 +671,6 @@ __device__ __forceinline__ void store_partial_bulk(const Params& p, const WorkIt
       if (r_lo + 8 < w.valid_rows) p.partial_lse[slot * 64 + r_lo + 8] = row_lse(m_hi, l_hi);
     }
   }
-  if (ptid < w.valid_rows && half == 0)
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // shared memory read before exit
 }
 
 // Before the plan: this CTA's slice of q and of kv_indices into L2 (one prefetch per 128-byte
@@ -885,8 +910,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     const float m_lo = sStat[r_lo], m_hi = sStat[r_lo + 8];
     const float l_lo = sStat[64 + r_lo], l_hi = sStat[64 + r_lo + 8];
     if (w.num_splits > 1)
-      store_partial_bulk(p, w, o, m_lo, m_hi, l_lo, l_hi, r_lo, half, ptid, smem_raw + (base - raw),
-                         base + Cfg::kKVOff, kBarEpilogue);
+      store_partial_half(p, w, o, m_lo, m_hi, l_lo, l_hi, r_lo, half, ptid, smem_raw + (base - raw),
+                         kBarEpilogue);
     else
       store_rows<kM>(p, w, o, m_lo, m_hi, l_lo, l_hi, r_lo, half * 256 + (lane % 4) * 2, half == 0);
   }
