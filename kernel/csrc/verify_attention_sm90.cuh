@@ -573,8 +573,7 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[32][4], const __
     qa[ks][1] = odd ? rb : b.x;
     qa[ks][3] = odd ? b.y : rb;
   }
-  return;
-#endif
+#else
   const uint32_t* q_lo = reinterpret_cast<const uint32_t*>(q + (w.q_row_base + row_lo) * kQKDim) + lane % 4;
   const uint32_t* q_hi = reinterpret_cast<const uint32_t*>(q + (w.q_row_base + row_hi) * kQKDim) + lane % 4;
 #pragma unroll
@@ -584,6 +583,7 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[32][4], const __
     qa[ks][2] = __ldg(q_lo + ks * 8 + 4);
     qa[ks][3] = __ldg(q_hi + ks * 8 + 4);
   }
+#endif
 }
 
 // This thread's accumulator rows in its warpgroup's 64 x N wgmma tiles: r and r + 8. Read from
