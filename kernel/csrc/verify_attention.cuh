@@ -825,25 +825,36 @@ __device__ __forceinline__ void wait_for_primary_grid() {
 #endif
 }
 
+// A combine block's output row within the partial layout: its request, the request's row tiles,
+// and the row's tile and place in it. Read from the call's inputs only, so before the wait.
+struct CombineRow {
+  int b, row_tiles, row_tile, in_tile;
+  // Row of split s's partial (the request's partials start at slot base, split-major).
+  template <int kM>
+  __device__ __forceinline__ int64_t partial_row(int base, int s) const {
+    return static_cast<int64_t>(base + s * row_tiles + row_tile) * kM + in_tile;
+  }
+};
+template <int kM>
+__device__ __forceinline__ CombineRow combine_row(const Params& p, int row) {
+  const int H = p.num_heads;
+  const int b = upper_index(p.qo_indptr, p.batch + 1, row / H);
+  const int q0 = __ldg(p.qo_indptr + b), q1 = __ldg(p.qo_indptr + b + 1);
+  const int r = row - q0 * H;
+  return {b, ceil_div((q1 - q0) * H, kM), r / kM, r % kM};
+}
+
 template <class Cfg, int kGroups, bool kHalf = false>
 __global__ void __launch_bounds__(kGroups * kCombineLanes) combine_kernel(Params p, int total_rows) {
   const int row = blockIdx.x;  // flattened (token, head)
   if (row >= total_rows) return;
-  const int H = p.num_heads;
-  const int token = row / H;
-  const int b = upper_index(p.qo_indptr, p.batch + 1, token);
+  const CombineRow cr = combine_row<Cfg::kM>(p, row);
   wait_for_primary_grid();  // before reading the main kernel's plan or partials
-  const int splits = p.num_splits[b];
+  const int splits = p.num_splits[cr.b];
   if (splits == 1) return;  // written directly by the main kernel
-  const int rows = (p.qo_indptr[b + 1] - p.qo_indptr[b]) * H;
-  const int row_tiles = ceil_div(rows, Cfg::kM);
-  const int r = row - p.qo_indptr[b] * H;
-  const int row_tile = r / Cfg::kM, in_tile = r % Cfg::kM;
-  const int base = p.partial_base[b];
+  const int base = p.partial_base[cr.b];
   const int t = threadIdx.x % kCombineLanes, g = threadIdx.x / kCombineLanes;
-  auto partial_row = [&](int s) {
-    return static_cast<int64_t>(base + s * row_tiles + row_tile) * Cfg::kM + in_tile;
-  };
+  auto partial_row = [&](int s) { return cr.partial_row<Cfg::kM>(base, s); };
 
   // The largest partial lse: all groups' threads read the splits' values once, then a block max.
   constexpr int kThreads = kGroups * kCombineLanes;
@@ -916,16 +927,10 @@ template <class Cfg, int kGroups, int kPer>
 __global__ void __launch_bounds__(kGroups * kWideLanes) combine_wide_kernel(Params p, int total_rows) {
   const int row = blockIdx.x;  // flattened (token, head)
   if (row >= total_rows) return;
-  const int H = p.num_heads;
-  const int token = row / H;
-  const int b = upper_index(p.qo_indptr, p.batch + 1, token);
-  const int q0 = __ldg(p.qo_indptr + b), q1 = __ldg(p.qo_indptr + b + 1);
-  const int row_tiles = ceil_div((q1 - q0) * H, Cfg::kM);
-  const int r = row - q0 * H;
-  const int row_tile = r / Cfg::kM, in_tile = r % Cfg::kM;
+  const CombineRow cr = combine_row<Cfg::kM>(p, row);
   const int t = threadIdx.x % kWideLanes, g = threadIdx.x / kWideLanes;
   wait_for_primary_grid();  // before reading the main kernel's plan or partials
-  const int splits = p.num_splits[b], base = p.partial_base[b];  // one round trip for both
+  const int splits = p.num_splits[cr.b], base = p.partial_base[cr.b];  // one round trip for both
   if (splits == 1) return;  // written directly by the main kernel
   const __half* parts = half_partials(p);
   const float* scales = half_partial_scales(p);
@@ -939,7 +944,7 @@ __global__ void __launch_bounds__(kGroups * kWideLanes) combine_wide_kernel(Para
     for (int i = 0; i < kPer; ++i) {
       const int s = s0 + i * kGroups;
       if (s < splits) {
-        const int64_t prow = static_cast<int64_t>(base + s * row_tiles + row_tile) * Cfg::kM + in_tile;
+        const int64_t prow = cr.partial_row<Cfg::kM>(base, s);
         lse[i] = p.partial_lse[prow];
         sc[i] = scales[prow * 2 + t / (kWideLanes / 2)];
         v[i] = reinterpret_cast<const uint4*>(parts + prow * kVDim)[t];
