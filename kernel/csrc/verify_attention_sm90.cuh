@@ -595,25 +595,19 @@ __device__ __forceinline__ int accumulator_row() {
   return ((t / 32) % 4) * 16 + (t % 32) / 4;
 }
 
-// One PV warpgroup's share of a KV row of a tile (kChunk bytes per 64-dim chunk): the 16-byte units
-// of its chunks (half 0: chunks 0-3 and 8, half 1: chunks 4-7); four threads per row, `sub` takes
-// units sub and sub + 4. `src` must be a readable address even when !valid (nothing is read then).
+// One PV warpgroup's share of a KV row, eight threads a row: unit u (16 bytes) of this half's 64-dim
+// chunks 4 half .. 4 half + 3, and of chunk 8 (the RoPE dims) in half 0. A warp instruction copies
+// 4 rows x 128 contiguous bytes, whole L2 lines: the load path takes these in half the issue time
+// of 8 rows x 64 bytes (four threads a row, v8-v18) and ~10 % faster (kernel/NOTES.md, v19).
+// `src` must be a readable address even when !valid (nothing is read then).
 template <int kChunk>
-__device__ __forceinline__ void copy_row_half(uint32_t dst_tile, int r, int sub, int half, const __nv_bfloat16* src,
+__device__ __forceinline__ void copy_row_line(uint32_t dst_tile, int r, int u, int half, const __nv_bfloat16* src,
                                               bool valid, uint64_t policy) {
-  // One base address on each side and the chunks at constant offsets from it (chunks 4 half + c,
-  // c < 4, and for half 0 chunk 8): the 10 copies then need few registers (48-key tiles, 160 a thread).
-  const uint32_t d0 = dst_tile + r * 128 + 4 * half * kChunk + ((sub ^ (r & 7)) << 4);
-  const uint32_t d1 = dst_tile + r * 128 + 4 * half * kChunk + (((sub + 4) ^ (r & 7)) << 4);
-  const __nv_bfloat16* s0 = src + 4 * half * 64 + sub * 8;
+  const uint32_t d = dst_tile + r * 128 + 4 * half * kChunk + ((u ^ (r & 7)) << 4);
+  const __nv_bfloat16* s0 = src + 4 * half * 64 + u * 8;
 #pragma unroll
-  for (int ci = 0; ci < 5; ++ci) {
-    if (ci < 4 || half == 0) {
-      const int c = ci == 4 ? 8 : ci;  // chunk relative to 4 half (half is 0 for chunk 8)
-      cp_async_16_evict_first(d0 + c * kChunk, s0 + c * 64, valid, policy);
-      cp_async_16_evict_first(d1 + c * kChunk, s0 + c * 64 + 32, valid, policy);
-    }
-  }
+  for (int c = 0; c < 4; ++c) cp_async_16_evict_first(d + c * kChunk, s0 + c * 64, valid, policy);
+  if (half == 0) cp_async_16_evict_first(d + 8 * kChunk, s0 + 8 * 64, valid, policy);
 }
 
 // A split's partial (64 rows x 512, normalised, and its lse) from the PV warpgroups once every PV
@@ -846,29 +840,32 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     const int r_lo = accumulator_row();
     const int half = wg - 1;
     const int ptid = tid - 128 * wg;                 // 0..127 within the warpgroup
-    // Gather: four threads per KV row; row ld_row, and for a 48-key tile the first 64 threads also
-    // row ld_row + 32 (fetch_slots: .x and .y, -1 where a thread has no such row or it is past the split).
-    const int ld_row = ptid / 4, ld_sub = ptid % 4;
-    constexpr bool kTwoRows = kBN > 32;
-    const bool has_row2 = kTwoRows && ld_row + 32 < kBN;
+    // Gather: eight threads a KV row (copy_row_line); rows ld_row + 16 k, k < kBN / 16 (fetch_slots:
+    // -1 where the row is past the split).
     const uint64_t kv_policy = l2_evict_first_policy();
     auto fetch_slot = [&](int tile, int r) -> int {
       const int pos = w.kv_begin + tile * kBN + r;
       return tile < num_tiles && pos < w.kv_end ? __ldg(p.kv_indices + pos) : -1;
     };
-    auto fetch_slots = [&](int tile) -> int2 {
-      return make_int2(fetch_slot(tile, ld_row), has_row2 ? fetch_slot(tile, ld_row + 32) : -1);
+    constexpr int kRowsPer = kBN / 16;
+    struct Slots {
+      int v[kRowsPer];
     };
-    auto load_row = [&](int slot, int r, int stage) {
-      // Rows past the split, and slots outside the pool, are zero-filled (never read).
-      const bool ok = slot >= 0 && slot < p.num_slots;
-      const __nv_bfloat16* src = p.kv + (ok ? static_cast<int64_t>(slot) * kQKDim : 0);
-      copy_row_half<Cfg::kChunkBytes>(sKV + stage * Cfg::kTileBytes, r, ld_sub, half, src, ok, kv_policy);
+    const int ld_row = ptid / 8, ld_u = ptid % 8;
+    auto fetch_slots = [&](int tile) -> Slots {
+      Slots s;
+#pragma unroll
+      for (int k = 0; k < kRowsPer; ++k) s.v[k] = fetch_slot(tile, ld_row + 16 * k);
+      return s;
     };
-    auto load_tile = [&](int2 slots, int stage) {
-      load_row(slots.x, ld_row, stage);
-      if constexpr (kTwoRows) {
-        if (has_row2) load_row(slots.y, ld_row + 32, stage);
+    auto load_tile = [&](const Slots& slots, int stage) {
+#pragma unroll
+      for (int k = 0; k < kRowsPer; ++k) {
+        // Rows past the split, and slots outside the pool, are zero-filled (never read).
+        const int slot = slots.v[k];
+        const bool ok = slot >= 0 && slot < p.num_slots;
+        const __nv_bfloat16* src = p.kv + (ok ? static_cast<int64_t>(slot) * kQKDim : 0);
+        copy_row_line<Cfg::kChunkBytes>(sKV + stage * Cfg::kTileBytes, ld_row + 16 * k, ld_u, half, src, ok, kv_policy);
       }
     };
     // Tile 0 alone first: at the start every SM's L2 -> SM bandwidth is what limits, so tile 0
@@ -887,7 +884,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       cp_async_commit();
     }
     for (int tile = 0; tile < num_tiles; ++tile) {
-      const int2 next_slots = fetch_slots(tile + kStages);  // consumed after this tile's PV
+      const auto next_slots = fetch_slots(tile + kStages);  // consumed after this tile's PV
       // The next tile (gathered kStages - 1 tiles ago) should have landed; WG0 may start its QK
       // before it hands over this tile's P.
       cp_async_wait<kStages - 2>();
