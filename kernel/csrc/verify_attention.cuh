@@ -811,8 +811,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
 constexpr int kCombineLanes = kVDim / 4;  // threads per group
 
 // Programmatic dependent launch (sm_90+; launcher: the wgmma configs). The main kernel lets the
-// combine launch as soon as it starts: the combine's blocks then wait in griddepcontrol.wait for
-// the whole main grid (its plan and partials), but their launch overlaps the main grid's tail.
+// combine launch early (the wgmma-ws kernel's CTA 0 once it has published the plan, the others at
+// entry): the combine's blocks then wait in griddepcontrol.wait for the whole main grid (its
+// partials), but their launch overlaps the main grid's tail.
 // Both are no-ops without the launch attribute.
 __device__ __forceinline__ void allow_dependent_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -929,8 +930,11 @@ __global__ void __launch_bounds__(kGroups * kWideLanes) combine_wide_kernel(Para
   if (row >= total_rows) return;
   const CombineRow cr = combine_row<Cfg::kM>(p, row);
   const int t = threadIdx.x % kWideLanes, g = threadIdx.x / kWideLanes;
-  wait_for_primary_grid();  // before reading the main kernel's plan or partials
-  const int splits = p.num_splits[cr.b], base = p.partial_base[cr.b];  // one round trip for both
+  // The plan's entries before the wait (one L2 round trip for both, off the path after the main
+  // grid): the wgmma-ws kernel's CTA 0 writes them and fences before it lets this kernel launch.
+  // From L2 (`ld.global.cg`): an earlier call's values may still sit in this SM's L1.
+  const int splits = __ldcg(p.num_splits + cr.b), base = __ldcg(p.partial_base + cr.b);
+  wait_for_primary_grid();  // before reading the partials (and, every block, before it ends)
   if (splits == 1) return;  // written directly by the main kernel
   const __half* parts = half_partials(p);
   const float* scales = half_partial_scales(p);

@@ -692,7 +692,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
 
   const int item = blockIdx.x;
   __shared__ BlockPlan s_plan;
-  allow_dependent_launch();  // the combine
+  // The combine may launch once every CTA has allowed it; CTA 0 does only after it has published
+  // the plan's entries, which the few-row combine reads before its griddepcontrol.wait.
+  if (item != 0) allow_dependent_launch();
   entry_prefetch(p);
   plan_block<Cfg>(p, item, &s_plan);
   if (item >= s_plan.num_items) return;
@@ -713,8 +715,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   if (tid == 0) {
     s_item = decode_item<kM>(p, s_plan, item);
     mbar_init(bar_p_ready, 32);  // the 32 WG0 threads that write rescale factors, once per tile
+    if (item == 0) __threadfence();  // plan_block's entries (written before its barrier), then:
   }
   __syncthreads();
+  if (item == 0) allow_dependent_launch();  // the combine
   const WorkItem& w = s_item;
   const int num_tiles = ceil_div(w.kv_end - w.kv_begin, kBN);
 
