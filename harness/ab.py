@@ -1,6 +1,7 @@
 """Same-GPU A/B: the kernel of another git revision against this checkout's, in one process.
 
     python -m harness ab --base REV [--grid quick] [--impl verify-attn-cuda] [--rounds 6] [--out DIR]
+    python -m harness ab --base-define VA_X [--base-define VA_Y=2] [--grid quick]   # two builds
     python -m harness ab --slowdown 1.10 [--grid quick]      # self-check: HEAD against HEAD + 10 %
 
 Two reports from two runs differ by more than the code: the board, its clocks, the driver, the
@@ -17,6 +18,12 @@ Method
   the end, whatever happens.
 * HEAD: this checkout's ``kernel`` package, uncommitted changes included (the label says
   ``+dirty`` then).
+* ``--base-define NAME[=VALUE]`` (repeatable) instead of ``--base``: BASE is this checkout's
+  ``kernel`` package again, imported under another name with ``kernel.build.EXTRA_CUDA_FLAGS`` set
+  to ``-DNAME[=VALUE]`` for each, so its build differs from HEAD's only by those macros (the
+  build's hash covers them). This times a build switch (the ``VA_*`` macros of ``kernel/csrc``)
+  against the default build, as the variant A/Bs of ``kernel/NOTES.md`` do; outputs that differ
+  in any bit are noted with the largest difference.
 * Each revision is called through its own API (``pack_parents`` for its tree-mask format,
   ``verify_attention`` with the eight documented arguments); where a revision's
   ``verify_attention`` accepts preallocated ``out``/``lse`` or ``validate``, the first call
@@ -49,8 +56,10 @@ verdict), ``index.html`` and the compare HTML, under ``reports/<UTC time>-ab-<gr
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import math
+import re
 import shlex
 import shutil
 import subprocess
@@ -146,6 +155,28 @@ def import_package_as(name: str, package_dir: Path) -> ModuleType:
             del sys.modules[key]
         raise
     return module
+
+
+def flags_package(head_package: ModuleType, flags: Sequence[str]) -> ModuleType:
+    """This checkout's kernel package again, under a name of its own, built with ``flags`` added
+    to its nvcc options (``kernel.build.EXTRA_CUDA_FLAGS``); the same flags give the same module."""
+    digest = hashlib.sha256(" ".join(flags).encode()).hexdigest()[:10]
+    name = f"kernel_flags_{digest}"
+    module = sys.modules.get(name) or import_package_as(name, Path(head_package.__file__).parent)
+    module.build.EXTRA_CUDA_FLAGS = tuple(flags)
+    return module
+
+
+_MACRO = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(=\S*)?")
+
+
+def parse_define(text: str) -> str:
+    """``--base-define``: a preprocessor macro, ``NAME`` or ``NAME=VALUE`` (no spaces)."""
+    if not _MACRO.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"--base-define must be a macro NAME or NAME=VALUE such as VA_SOME_SWITCH, got {text!r}"
+        )
+    return text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,7 +470,13 @@ def _contenders(
 
 def _command(args: argparse.Namespace) -> str:
     words = ["python", "-m", "harness", "ab"]
-    words += ["--slowdown", f"{args.slowdown:g}"] if args.slowdown else ["--base", args.base]
+    if args.slowdown:
+        words += ["--slowdown", f"{args.slowdown:g}"]
+    elif args.base_define:
+        for d in args.base_define:
+            words += ["--base-define", d]
+    else:
+        words += ["--base", args.base]
     words += ["--grid", args.grid, "--impl", args.impl, "--rounds", str(args.rounds)]
     if args.min_change != compare.DEFAULT_MIN_CHANGE:
         words += ["--min-change", f"{args.min_change:g}"]
@@ -477,6 +514,10 @@ def run_ab(args: argparse.Namespace) -> int:
             except Exception as e:  # an old or broken revision: say which and why, no traceback
                 raise ABError(f"the kernel package of {args.base} ({sha[:7]}) does not import: {e}") from e
             notes.append(f"BASE is {args.base} = {sha}")
+        elif args.base_define:
+            flags = tuple(f"-D{d}" for d in args.base_define)
+            base = (f"{head7}+{'+'.join(args.base_define)}", flags_package(head_module, flags))
+            notes.append(f"BASE is this checkout built with {' '.join(flags)}")
         else:
             notes.append(
                 f"self-check: HEAD against HEAD with a spin of {args.slowdown - 1:.0%} of each case's median"
@@ -520,9 +561,10 @@ def run_ab(args: argparse.Namespace) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    if (args.base is None) == (args.slowdown is None):
+    if sum(x is not None for x in (args.base, args.base_define, args.slowdown)) != 1:
         print(
-            "ab: give --base REV (A/B against a revision) or --slowdown F (self-check), not both",
+            "ab: give one of --base REV (A/B against a revision), --base-define NAME[=VALUE] (against "
+            "this checkout built with extra macros) or --slowdown F (self-check)",
             file=sys.stderr,
         )
         return 2
@@ -562,6 +604,13 @@ def register_cli(sub: Any) -> None:
         description=__doc__.split("\n\n", 1)[0],
     )
     p.add_argument("--base", metavar="REV", help="the git revision whose kernel is BASE")
+    p.add_argument(
+        "--base-define",
+        type=parse_define,
+        action="append",
+        metavar="NAME[=VALUE]",
+        help="BASE is this checkout built with -DNAME[=VALUE] added (repeatable), e.g. VA_SOME_SWITCH",
+    )
     p.add_argument(
         "--slowdown",
         type=_slowdown,

@@ -5,7 +5,9 @@ revisions of the kernel (an A/B run) or two arch lists never share a build. Buil
 ``$VERIFY_ATTN_BUILD_DIR`` or ``~/.cache/verify-attention/<name>``.
 
 Tuning builds: ``$VERIFY_ATTN_EXTRA_CUDA_FLAGS`` (e.g. ``-DVA_QK_SPLIT=4``) is appended to the nvcc
-flags and is part of the hash, so variants coexist.
+flags and is part of the hash, so variants coexist. ``EXTRA_CUDA_FLAGS`` below is appended after it:
+``python -m harness ab --base-flags`` sets it on a second copy of this package, so that one process
+times two builds of the same sources.
 
 Target archs: ``$VERIFY_ATTN_ARCHS`` (e.g. ``"9.0;12.0"``), else the current GPU's compute
 capability. Compute capability 9.0 is built as ``9.0a`` (the arch-specific target that has wgmma):
@@ -26,6 +28,10 @@ SOURCES = ("binding.cpp", "verify_attention.cu")
 HEADERS = ("verify_attention.cuh", "verify_attention_sm90.cuh", "verify_attention.h", "messages.h")
 CUDA_FLAGS = ("-O3", "-std=c++17", "--use_fast_math", "-lineinfo")
 CXX_FLAGS = ("-O3", "-std=c++17")
+
+# Appended to the nvcc flags after $VERIFY_ATTN_EXTRA_CUDA_FLAGS (a second, renamed copy of this
+# package gets its own; see the module docstring). Set it before the first build.
+EXTRA_CUDA_FLAGS: tuple[str, ...] = ()
 
 _loaded: ModuleType | None = None
 _loaded_build: dict[str, object] | None = None  # archs and nvcc flags of the loaded extension
@@ -52,7 +58,8 @@ def with_sm90a(archs: str) -> str:
 
 def cuda_flags(archs: str) -> tuple[str, ...]:
     extra = ("-DVA_HAVE_SM90A",) if "9.0a" in archs.split(";") else ()
-    return CUDA_FLAGS + extra + tuple(os.environ.get("VERIFY_ATTN_EXTRA_CUDA_FLAGS", "").split())
+    env = tuple(os.environ.get("VERIFY_ATTN_EXTRA_CUDA_FLAGS", "").split())
+    return CUDA_FLAGS + extra + env + tuple(EXTRA_CUDA_FLAGS)
 
 
 def source_hash(archs: str) -> str:

@@ -418,10 +418,50 @@ def test_ab_refuses_to_run_without_cuda_and_creates_no_worktree(
     assert worktrees(repo) == [str(repo)]
 
 
-def test_ab_needs_exactly_one_of_base_and_slowdown(capsys: pytest.CaptureFixture[str]) -> None:
+def test_ab_needs_exactly_one_of_base_base_define_and_slowdown(capsys: pytest.CaptureFixture[str]) -> None:
     assert run_cli() == 2
     assert run_cli("--base", "main", "--slowdown", "1.1") == 2
-    assert "give --base REV" in capsys.readouterr().err
+    assert run_cli("--base", "main", "--base-define", "VA_X") == 2
+    assert run_cli("--base-define", "VA_X", "--slowdown", "1.1") == 2
+    err = capsys.readouterr().err
+    assert "give one of --base REV" in err and "--base-define NAME[=VALUE]" in err
+
+
+@pytest.mark.parametrize("value", ["", "-DVA_X", "VA X", "1VA", "VA_X=a b", "VA-X"])
+def test_ab_base_define_must_be_a_macro(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        run_cli(f"--base-define={value}")
+    assert "--base-define must be a macro NAME or NAME=VALUE" in capsys.readouterr().err
+
+
+def test_ab_base_define_takes_names_and_values() -> None:
+    assert ab.parse_define("VA_X") == "VA_X"
+    assert ab.parse_define("VA_COMBINE_POLL_ROUNDS=0") == "VA_COMBINE_POLL_ROUNDS=0"
+
+
+def test_flags_package_builds_this_kernel_with_extra_flags_beside_the_plain_one(fresh_modules: None) -> None:
+    import kernel
+
+    plain = kernel.build.cuda_flags("9.0a")
+    copy = ab.flags_package(kernel, ("-DVA_SOME_SWITCH=1",))
+    assert copy is not kernel and copy.build is not kernel.build
+    assert Path(copy.__file__).resolve() == Path(kernel.__file__).resolve()
+    # The copy's nvcc flags end with the extra ones, and so its build name differs; the plain
+    # package is untouched.
+    assert copy.build.cuda_flags("9.0a") == plain + ("-DVA_SOME_SWITCH=1",)
+    assert kernel.build.cuda_flags("9.0a") == plain
+    assert copy.build.source_hash("9.0a") != kernel.build.source_hash("9.0a")
+    # The same flags give the same module (one build, one name per process).
+    assert ab.flags_package(kernel, ("-DVA_SOME_SWITCH=1",)) is copy
+    assert ab.flags_package(kernel, ("-DVA_OTHER",)) is not copy
+
+
+def test_ab_with_base_define_refuses_to_run_without_cuda(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert run_cli("--base-define", "VA_X") == 2
+    assert "needs CUDA" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("option", "value"), [("--slowdown", "0.9"), ("--rounds", "1")])
@@ -468,6 +508,27 @@ def test_slowdown_selfcheck_catches_a_ten_percent_regression_on_the_gpu(tmp_path
     rows = load_results(out).sweep
     assert {r.impl.split("+")[0].split(":")[0] for r in rows} == {"base", "head"}
     assert list(out.glob("compare-ab-*.html"))
+
+
+@pytest.mark.gpu
+def test_ab_against_a_build_with_an_unused_flag_finds_no_regression(tmp_path: Path) -> None:
+    # A/A through the flags path: a macro no source reads, so the two builds differ only by name.
+    (tmp_path / "tiny.toml").write_text(TINY_GRID)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "ab", "--base-define", "VA_AB_UNUSED_SWITCH"]
+        + ["--grid", str(tmp_path / "tiny.toml"), "--out", str(out)],
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = load_results(out).sweep
+    assert {r.impl.split(":")[0] for r in rows} == {"base", "head"}
+    assert any("VA_AB_UNUSED_SWITCH" in r.impl for r in rows if r.impl.startswith("base:"))
+    verdicts = {r.note.split(" ")[0] for r in rows if r.impl.startswith("head:")}
+    assert compare.SLOWER not in verdicts and compare.FASTER not in verdicts
 
 
 @pytest.mark.gpu
