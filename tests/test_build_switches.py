@@ -1,0 +1,37 @@
+"""Every build switch the kernel sources test (``#if``/``#ifdef``/``#ifndef VA_...``) is listed in
+the README's table of build switches, and every listed switch is still read by the sources."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[1]
+CSRC = PROJECT / "kernel" / "csrc"
+# Set by the build itself (kernel/build.py), not a tuning switch.
+NOT_SWITCHES = {"VA_HAVE_SM90A"}
+
+
+def switches_in_sources() -> set[str]:
+    found: set[str] = set()
+    for path in CSRC.iterdir():
+        for line in path.read_text().splitlines():
+            m = re.match(r"\s*#\s*(?:if|ifdef|ifndef|elif)\b(.*)", line)
+            if m:
+                found |= set(re.findall(r"\bVA_[A-Z0-9_]+", m.group(1)))
+    return found - NOT_SWITCHES
+
+
+def switches_in_readme() -> set[str]:
+    text = (PROJECT / "README.md").read_text()
+    return set(re.findall(r"^\| `(VA_[A-Z0-9_]+)` \|", text, flags=re.M))
+
+
+def test_the_sources_have_switches() -> None:
+    assert "VA_WS_BLOCK_N" in switches_in_sources()
+
+
+def test_every_switch_is_documented_and_every_documented_switch_exists() -> None:
+    sources, readme = switches_in_sources(), switches_in_readme()
+    assert sources - readme == set(), f"switches missing from the README's table: {sorted(sources - readme)}"
+    assert readme - sources == set(), f"README lists switches the sources no longer read: {sorted(readme - sources)}"
