@@ -6,8 +6,8 @@ revisions of the kernel (an A/B run) or two arch lists never share a build. Buil
 
 Tuning builds: ``$VERIFY_ATTN_EXTRA_CUDA_FLAGS`` (e.g. ``-DVA_QK_SPLIT=4``) is appended to the nvcc
 flags and is part of the hash, so variants coexist. ``EXTRA_CUDA_FLAGS`` below is appended after it:
-``python -m harness ab --base-define NAME`` sets it (``-DNAME``) on a second copy of this package, so that one process
-times two builds of the same sources.
+``python -m harness ab --base-define NAME`` sets it (``-DNAME``) on a second copy of this package,
+so that one process times two builds of the same sources.
 
 Target archs: ``$VERIFY_ATTN_ARCHS`` (e.g. ``"9.0;12.0"``), else the current GPU's compute
 capability. Compute capability 9.0 is built as ``9.0a`` (the arch-specific target that has wgmma):
