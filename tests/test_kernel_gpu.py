@@ -154,11 +154,13 @@ def test_fuzz_against_oracle(config: str) -> None:
         assert_close(out, lse, batch, f"case {i} {describe(batch)} config={config}")
 
 
-def test_output_is_bitwise_deterministic() -> None:
+@pytest.mark.parametrize("config", ["auto", "wgmma-ws", "wgmma", "large", "small"])
+def test_output_is_bitwise_deterministic(config: str) -> None:
+    _needs_config(config)
     batch = random_batch(random.Random(7), torch.device("cuda"))
-    first_out, first_lse = (t.clone() for t in run_kernel(batch))
+    first_out, first_lse = (t.clone() for t in run_kernel(batch, config=config))
     for _ in range(20):
-        out, lse = run_kernel(batch, validate=False)
+        out, lse = run_kernel(batch, validate=False, config=config)
         assert torch.equal(out.view(torch.int16), first_out.view(torch.int16))
         assert torch.equal(lse.view(torch.int32), first_lse.view(torch.int32))
 
@@ -217,23 +219,26 @@ def test_values_far_from_one(exponent: int) -> None:
         assert_close(out, lse, batch, f"{describe(batch)} x2^{exponent} config={config}")
 
 
-def test_cuda_graph_replay_equals_eager() -> None:
+@pytest.mark.parametrize("config", ["auto", "wgmma-ws", "wgmma", "large", "small"])
+def test_cuda_graph_replay_equals_eager(config: str) -> None:
+    """Capture (the combine a programmatic dependent launch on cc >= 9.0) and replay, per config."""
     import kernel
 
+    _needs_config(config)
     batch = random_batch(random.Random(3), torch.device("cuda"))
     mask, mask_indptr = (t.cuda() for t in kernel.pack_parents(batch.parents))
     args = (batch.q, batch.kv_cache, batch.kv_indices, batch.qo_indptr, batch.kv_indptr, mask, mask_indptr)
-    eager_out, eager_lse = kernel.verify_attention(*args, batch.sm_scale)
+    eager_out, eager_lse = kernel.verify_attention(*args, batch.sm_scale, config=config)
     out = torch.empty_like(eager_out)
     lse = torch.empty_like(eager_lse)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        kernel.verify_attention(*args, batch.sm_scale, out=out, lse=lse, validate=False)
+        kernel.verify_attention(*args, batch.sm_scale, out=out, lse=lse, validate=False, config=config)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        kernel.verify_attention(*args, batch.sm_scale, out=out, lse=lse, validate=True)
+        kernel.verify_attention(*args, batch.sm_scale, out=out, lse=lse, validate=True, config=config)
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()

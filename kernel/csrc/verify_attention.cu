@@ -106,8 +106,9 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   lc.attrs = attr;
-  // The wgmma kernels trigger the combine's launch early (griddepcontrol); sm_90a only.
-  lc.numAttrs = plan.config == kConfigWgmmaWs || plan.config == kConfigWgmma ? 1 : 0;
+  // Every main kernel triggers the combine's launch early (griddepcontrol, compute capability
+  // 9.0 and newer: sm_90 and sm_120); older devices launch it after the main grid.
+  lc.numAttrs = plan.dependent_combine ? 1 : 0;
   // Few rows means many splits per row (the plan fills the GPU): 4 groups read a row's splits
   // in parallel. Many rows (few splits each) already fill the GPU with one group per row.
   constexpr bool kHalf = std::is_same<Cfg, ConfigWgmmaWs>::value;  // its partials are fp16 (half_partials)
@@ -170,6 +171,11 @@ cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int 
   else if (config == kConfigWgmmaWs) fill_plan<ConfigWgmmaWs>(batch, num_tokens, num_heads, max_partials, config, plan);
   else if (config == kConfigLarge) fill_plan<ConfigLarge>(batch, num_tokens, num_heads, max_partials, config, plan);
   else fill_plan<ConfigSmall>(batch, num_tokens, num_heads, max_partials, config, plan);
+#ifdef VA_MMA_NO_PDL
+  plan->dependent_combine = config == kConfigWgmma || config == kConfigWgmmaWs;
+#else
+  plan->dependent_combine = major >= 9 ? 1 : 0;
+#endif
   return cudaSuccess;
 }
 

@@ -181,18 +181,50 @@ __device__ __forceinline__ void quad_sum(float& lo, float& hi) {
   }
 }
 
-// The online-softmax step of a thread's two rows (r and r + 8) once their new running maxima are
-// known: the max to subtract from the tile's scores (0 for a row that has seen only masked keys,
-// max -inf, so that exp2 gives 0 and not NaN), the factor that rescales what was accumulated
-// against the old max m, and m = mx.
-__device__ __forceinline__ void advance_max(float& m_lo, float& m_hi, float mx_lo, float mx_hi, float& ref_lo,
-                                            float& ref_hi, float& alpha_lo, float& alpha_hi) {
+// The online-softmax step of a thread's two rows (r and r + 8), given their new running maxima mx
+// (>= m, log2 units). A row's reference max m moves only when mx passes it by more than
+// kRescaleThreshold: in between, P = exp2(s - ref) stays below 2^kRescaleThreshold and alpha, the
+// factor that rescales what was accumulated against the old m, is exactly 1, so the O rescale can
+// be skipped (rescale_o_lazy; kernel/NOTES.md, v12 and v21). ref is the max to subtract from the
+// tile's scores: 0 for a row that has seen only masked keys (m = -inf), so that exp2 gives 0, not NaN.
+constexpr float kRescaleThreshold = 8.f;
+__device__ __forceinline__ void advance_reference_max(float& m_lo, float& m_hi, float mx_lo, float mx_hi,
+                                                      float& ref_lo, float& ref_hi, float& alpha_lo,
+                                                      float& alpha_hi) {
+#ifndef VA_MMA_EAGER_RESCALE
+  const bool up_lo = mx_lo > m_lo + kRescaleThreshold, up_hi = mx_hi > m_hi + kRescaleThreshold;
+  alpha_lo = up_lo ? fast_exp2(m_lo - mx_lo) : 1.f;
+  alpha_hi = up_hi ? fast_exp2(m_hi - mx_hi) : 1.f;
+  if (up_lo) m_lo = mx_lo;
+  if (up_hi) m_hi = mx_hi;
+  ref_lo = m_lo == -INFINITY ? 0.f : m_lo;
+  ref_hi = m_hi == -INFINITY ? 0.f : m_hi;
+#else
   ref_lo = mx_lo == -INFINITY ? 0.f : mx_lo;
   ref_hi = mx_hi == -INFINITY ? 0.f : mx_hi;
   alpha_lo = fast_exp2(m_lo - ref_lo);
   alpha_hi = fast_exp2(m_hi - ref_hi);
   m_lo = mx_lo;
   m_hi = mx_hi;
+#endif
+}
+
+// O (rows r_lo, r_lo + 8 of a thread's accumulator tiles: 32 n8 tiles) times the rows' rescale
+// factors. Skipped when no row of the warp moved its max (alpha == 1 exactly): multiplying by 1 is
+// the identity, so the result is bitwise the same (kernel/NOTES.md, v4 experiments).
+__device__ __forceinline__ void rescale_o_lazy(float (&o)[32][4], float alpha_lo, float alpha_hi) {
+#ifdef VA_MMA_EAGER_RESCALE
+  if (true)
+#else
+  if (__any_sync(0xffffffffu, alpha_lo != 1.f || alpha_hi != 1.f))
+#endif
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      o[j][0] *= alpha_lo;
+      o[j][1] *= alpha_lo;
+      o[j][2] *= alpha_hi;
+      o[j][3] *= alpha_hi;
+    }
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -563,6 +595,22 @@ __device__ __forceinline__ void store_rows(const Params& p, const WorkItem& w, c
   }
 }
 
+// Programmatic dependent launch (compute capability 9.0+: the launcher sets the attribute there).
+// The main kernel lets the combine launch early (the wgmma-ws kernel's CTA 0 once it has published
+// the plan, every other CTA at entry): the combine's blocks then wait in griddepcontrol.wait for
+// the whole main grid (its partials), but their launch overlaps the main grid's tail.
+// Both are no-ops without the launch attribute.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_primary_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. main
 // ---------------------------------------------------------------------------------------------
@@ -577,6 +625,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   constexpr int kOTiles = kHalfDims / 8; // n8 tiles of O per warp
 
   const int item = blockIdx.x;
+  allow_dependent_launch();  // the combine may launch (it waits for this grid before it reads)
   __shared__ BlockPlan s_plan;
   plan_block<Cfg>(p, item, &s_plan);
   if (item >= s_plan.num_items) return;
@@ -740,7 +789,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     mx_lo = fmaxf(mx_lo, sRed[(warp ^ 1) * 16 + lane / 4]);
     mx_hi = fmaxf(mx_hi, sRed[(warp ^ 1) * 16 + lane / 4 + 8]);
     float ref_lo, ref_hi, alpha_lo, alpha_hi;
-    advance_max(m_lo, m_hi, mx_lo, mx_hi, ref_lo, ref_hi, alpha_lo, alpha_hi);
+    advance_reference_max(m_lo, m_hi, mx_lo, mx_hi, ref_lo, ref_hi, alpha_lo, alpha_hi);
     float sum_lo = 0.f, sum_hi = 0.f;
     __nv_bfloat16* p_row = sP + (row_group * 16 + lane / 4) * Cfg::kPRow + half * kOwnKeys + (lane % 4) * 2;
 #pragma unroll
@@ -755,13 +804,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     // Each warp keeps the sum over its own keys; the pair adds them once, after the last tile.
     l_lo = l_lo * alpha_lo + sum_lo;
     l_hi = l_hi * alpha_hi + sum_hi;
-#pragma unroll
-    for (int j = 0; j < kOTiles; ++j) {
-      o[j][0] *= alpha_lo;
-      o[j][1] *= alpha_lo;
-      o[j][2] *= alpha_hi;
-      o[j][3] *= alpha_hi;
-    }
+    rescale_o_lazy(o, alpha_lo, alpha_hi);
     pair_barrier(row_group);
 
     // ---- O[:, half] += P V[:, half] over all kBN keys
@@ -809,22 +852,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
 //    otherwise be read one after another) and 1 when there are many rows (few splits each).
 // ---------------------------------------------------------------------------------------------
 constexpr int kCombineLanes = kVDim / 4;  // threads per group
-
-// Programmatic dependent launch (sm_90+; launcher: the wgmma configs). The main kernel lets the
-// combine launch early (the wgmma-ws kernel's CTA 0 once it has published the plan, the others at
-// entry): the combine's blocks then wait in griddepcontrol.wait for the whole main grid (its
-// partials), but their launch overlaps the main grid's tail.
-// Both are no-ops without the launch attribute.
-__device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wait_for_primary_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
 
 // A combine block's output row within the partial layout: its request, the request's row tiles,
 // and the row's tile and place in it. Read from the call's inputs only, so before the wait.

@@ -40,6 +40,7 @@ struct Plan {
   int smem_bytes;
   int max_items;         // grid of the main kernel
   int max_partials;      // split work items at most (about one CTA per SM)
+  int dependent_combine; // 1: the combine is a programmatic dependent launch (compute capability >= 9.0)
   size_t workspace_bytes;
 };
 
