@@ -59,7 +59,13 @@ struct Config {
 // Large-shared-memory parts (sm_80, sm_90, sm_100: >= 160 KB per block).
 using ConfigLarge = Config<4, 32, 2>;   // M=64, 8 warps, 151 KB
 // sm_120 / sm_86 / sm_89: 99 KB per block, ~100 KB per SM.
-using ConfigSmall = Config<2, 16, 3>;   // M=32, 4 warps, 93 KB
+#ifndef VA_SMALL_ROW_GROUPS
+#define VA_SMALL_ROW_GROUPS 2
+#endif
+#ifndef VA_SMALL_STAGES
+#define VA_SMALL_STAGES 3
+#endif
+using ConfigSmall = Config<VA_SMALL_ROW_GROUPS, 16, VA_SMALL_STAGES>;   // M=32, 4 warps, 93 KB
 
 struct Params {
   const __nv_bfloat16* q;             // [N, H, 576]
@@ -181,50 +187,18 @@ __device__ __forceinline__ void quad_sum(float& lo, float& hi) {
   }
 }
 
-// The online-softmax step of a thread's two rows (r and r + 8), given their new running maxima mx
-// (>= m, log2 units). A row's reference max m moves only when mx passes it by more than
-// kRescaleThreshold: in between, P = exp2(s - ref) stays below 2^kRescaleThreshold and alpha, the
-// factor that rescales what was accumulated against the old m, is exactly 1, so the O rescale can
-// be skipped (rescale_o_lazy; kernel/NOTES.md, v12 and v21). ref is the max to subtract from the
-// tile's scores: 0 for a row that has seen only masked keys (m = -inf), so that exp2 gives 0, not NaN.
-constexpr float kRescaleThreshold = 8.f;
-__device__ __forceinline__ void advance_reference_max(float& m_lo, float& m_hi, float mx_lo, float mx_hi,
-                                                      float& ref_lo, float& ref_hi, float& alpha_lo,
-                                                      float& alpha_hi) {
-#ifndef VA_MMA_EAGER_RESCALE
-  const bool up_lo = mx_lo > m_lo + kRescaleThreshold, up_hi = mx_hi > m_hi + kRescaleThreshold;
-  alpha_lo = up_lo ? fast_exp2(m_lo - mx_lo) : 1.f;
-  alpha_hi = up_hi ? fast_exp2(m_hi - mx_hi) : 1.f;
-  if (up_lo) m_lo = mx_lo;
-  if (up_hi) m_hi = mx_hi;
-  ref_lo = m_lo == -INFINITY ? 0.f : m_lo;
-  ref_hi = m_hi == -INFINITY ? 0.f : m_hi;
-#else
+// The online-softmax step of a thread's two rows (r and r + 8) once their new running maxima are
+// known: the max to subtract from the tile's scores (0 for a row that has seen only masked keys,
+// max -inf, so that exp2 gives 0 and not NaN), the factor that rescales what was accumulated
+// against the old max m, and m = mx.
+__device__ __forceinline__ void advance_max(float& m_lo, float& m_hi, float mx_lo, float mx_hi, float& ref_lo,
+                                            float& ref_hi, float& alpha_lo, float& alpha_hi) {
   ref_lo = mx_lo == -INFINITY ? 0.f : mx_lo;
   ref_hi = mx_hi == -INFINITY ? 0.f : mx_hi;
   alpha_lo = fast_exp2(m_lo - ref_lo);
   alpha_hi = fast_exp2(m_hi - ref_hi);
   m_lo = mx_lo;
   m_hi = mx_hi;
-#endif
-}
-
-// O (rows r_lo, r_lo + 8 of a thread's accumulator tiles: 32 n8 tiles) times the rows' rescale
-// factors. Skipped when no row of the warp moved its max (alpha == 1 exactly): multiplying by 1 is
-// the identity, so the result is bitwise the same (kernel/NOTES.md, v4 experiments).
-__device__ __forceinline__ void rescale_o_lazy(float (&o)[32][4], float alpha_lo, float alpha_hi) {
-#ifdef VA_MMA_EAGER_RESCALE
-  if (true)
-#else
-  if (__any_sync(0xffffffffu, alpha_lo != 1.f || alpha_hi != 1.f))
-#endif
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      o[j][0] *= alpha_lo;
-      o[j][1] *= alpha_lo;
-      o[j][2] *= alpha_hi;
-      o[j][3] *= alpha_hi;
-    }
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -789,7 +763,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     mx_lo = fmaxf(mx_lo, sRed[(warp ^ 1) * 16 + lane / 4]);
     mx_hi = fmaxf(mx_hi, sRed[(warp ^ 1) * 16 + lane / 4 + 8]);
     float ref_lo, ref_hi, alpha_lo, alpha_hi;
-    advance_reference_max(m_lo, m_hi, mx_lo, mx_hi, ref_lo, ref_hi, alpha_lo, alpha_hi);
+    advance_max(m_lo, m_hi, mx_lo, mx_hi, ref_lo, ref_hi, alpha_lo, alpha_hi);
     float sum_lo = 0.f, sum_hi = 0.f;
     __nv_bfloat16* p_row = sP + (row_group * 16 + lane / 4) * Cfg::kPRow + half * kOwnKeys + (lane % 4) * 2;
 #pragma unroll
@@ -804,7 +778,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     // Each warp keeps the sum over its own keys; the pair adds them once, after the last tile.
     l_lo = l_lo * alpha_lo + sum_lo;
     l_hi = l_hi * alpha_hi + sum_hi;
-    rescale_o_lazy(o, alpha_lo, alpha_hi);
+#pragma unroll
+    for (int j = 0; j < kOTiles; ++j) {
+      o[j][0] *= alpha_lo;
+      o[j][1] *= alpha_lo;
+      o[j][2] *= alpha_hi;
+      o[j][3] *= alpha_hi;
+    }
     pair_barrier(row_group);
 
     // ---- O[:, half] += P V[:, half] over all kBN keys

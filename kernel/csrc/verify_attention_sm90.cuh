@@ -185,6 +185,20 @@ __device__ __forceinline__ void wgmma_m64n256k16_vmn(float (&d)[32][4], uint64_t
         "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
+// O (rows r_lo, r_lo + 8 of a 64 x 256 accumulator) times the rows' rescale factors. Skipped when
+// no row of the warp moved its max (alpha == 1 exactly): multiplying by 1 is the identity, so the
+// result is bitwise the same (kernel/NOTES.md, v4 experiments).
+__device__ __forceinline__ void rescale_o_lazy(float (&o)[32][4], float alpha_lo, float alpha_hi) {
+  if (__any_sync(0xffffffffu, alpha_lo != 1.f || alpha_hi != 1.f))
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      o[j][0] *= alpha_lo;
+      o[j][1] *= alpha_lo;
+      o[j][2] *= alpha_hi;
+      o[j][3] *= alpha_hi;
+    }
+}
+
 // The tile steps of the main kernel, also driven on their own by the wgmma probe test
 // (tests/wgmma_probe.cu), which checks them against torch matmuls.
 
@@ -368,7 +382,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
     mx_lo = fmaxf(mx_lo, sRed[(wg ^ 1) * 64 + r_lo]);
     mx_hi = fmaxf(mx_hi, sRed[(wg ^ 1) * 64 + r_lo + 8]);
     float ref_lo, ref_hi, alpha_lo, alpha_hi;
-    advance_reference_max(m_lo, m_hi, mx_lo, mx_hi, ref_lo, ref_hi, alpha_lo, alpha_hi);
+    advance_max(m_lo, m_hi, mx_lo, mx_hi, ref_lo, ref_hi, alpha_lo, alpha_hi);
     float sum_lo = 0.f, sum_hi = 0.f;
     // This thread's probabilities: keys 32 wg + 8 j + 2 (lane % 4) (+1) of rows r_lo, r_lo + 8.
 #pragma unroll
@@ -462,6 +476,10 @@ struct ConfigWgmmaWsT {
   static constexpr int kSmemUsed = kSumOff + 128 * 2 * 4;
   static constexpr int kSmemBytes = kSmemUsed + 1024;         // slack to align the base to 1024 B
   static constexpr int kRegsS = 184, kRegsPV = 160;
+  // WG0 moves a row's reference max only when the row max passes it by more than this (log2
+  // units): P = exp2(s - ref) stays below 2^8, and in between the rescale factor is exactly 1, so
+  // WG1/WG2 skip the rescale of O (kernel/NOTES.md, v12).
+  static constexpr float kRescaleThreshold = 8.f;
   static_assert(kBlockN == 32 || kBlockN == 48, "S tiles of 32 or 48 keys (wgmma n32 / n48, PV k-steps of 16)");
   static_assert(kChunkBytes % 1024 == 0, "chunks of whole 8-row swizzle atoms");
   static_assert(128 * (kRegsS + 2 * kRegsPV) <= 168 * kThreads, "register budget of one CTA per SM");
@@ -767,9 +785,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       const float scale = p.scale_log2;
       mx_lo = fmaxf(m_lo, mx_lo * scale);
       mx_hi = fmaxf(m_hi, mx_hi * scale);
-      // The reference max moves only past the threshold: the PV warpgroups then skip their rescale.
       float ref_lo, ref_hi, alpha_lo, alpha_hi;
-      advance_reference_max(m_lo, m_hi, mx_lo, mx_hi, ref_lo, ref_hi, alpha_lo, alpha_hi);
+      {
+        // The reference max moves only when the row max passes it by more than the threshold
+        // (log2 units); until then P = exp2(s - ref) stays below 2^threshold, and alpha is 1
+        // exactly, so the PV warpgroups skip their rescale.
+        constexpr float kThr = Cfg::kRescaleThreshold;
+        const bool up_lo = mx_lo > m_lo + kThr, up_hi = mx_hi > m_hi + kThr;
+        alpha_lo = up_lo ? fast_exp2(m_lo - mx_lo) : 1.f;
+        alpha_hi = up_hi ? fast_exp2(m_hi - mx_hi) : 1.f;
+        if (up_lo) m_lo = mx_lo;
+        if (up_hi) m_hi = mx_hi;
+        ref_lo = m_lo == -INFINITY ? 0.f : m_lo;
+        ref_hi = m_hi == -INFINITY ? 0.f : m_hi;
+      }
       float sum_lo = 0.f, sum_hi = 0.f;
       uint32_t pk[kNT][2];
 #pragma unroll
