@@ -10,7 +10,10 @@
 namespace va {
 namespace {
 
-constexpr int kMinSplitKeys = 256;
+#ifndef VA_MIN_SPLIT_KEYS
+#define VA_MIN_SPLIT_KEYS 256
+#endif
+constexpr int kMinSplitKeys = VA_MIN_SPLIT_KEYS;
 // Up to this many output rows, the combine gives each row 4 thread groups (kernel/NOTES.md, v6):
 // ~132 x 64 / rows splits per row, 16+ here.
 constexpr int kCombineManySplitsRows = 512;  // a split amortises its Q load and partial write over >= 256 keys
