@@ -67,7 +67,7 @@ def verify_attention(
                           S with Q in registers, two for P V; M=64, 48-key tiles, 3 stages, 181 KB
                           shared memory per block), "wgmma" (sm_90a, two warpgroups: M=64, 64-key
                           tiles, 226 KB), "large" (mma.sync, M=64, 151 KB: sm_80/sm_90/sm_100) or
-                          "small" (mma.sync, M=32, 93 KB: sm_120).
+                          "small" (mma.sync, M=48, 94 KB: sm_120).
 
     Returns:
         (out [N, H, 512] bf16, lse [N, H] fp32): lse is the natural log of each row's softmax

@@ -41,7 +41,7 @@ ARCH_CONFIGS = {"sm_90a": ("wgmma-ws", "wgmma", "large", "small"), "sm_120": ("l
 # Each config's main kernel: (kernel name, template-argument tag) as they appear mangled.
 MAIN_KERNEL = {
     "large": ("verify_attention_kernel", "ConfigILi4ELi32ELi2E"),
-    "small": ("verify_attention_kernel", "ConfigILi2ELi16ELi3E"),
+    "small": ("verify_attention_kernel", "ConfigILi3ELi16ELi2E"),
     "wgmma": ("verify_attention_wgmma_kernel", "ConfigWgmmaE"),
     "wgmma-ws": ("verify_attention_wgmma_ws_kernel", "ConfigWgmmaWs"),
 }

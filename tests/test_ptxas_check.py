@@ -6,7 +6,7 @@ from kernel.ptxas_check import ARCHS, MAIN_KERNEL, check, parse_ptxas
 
 CONFIGS = {
     "large": {"rows_per_cta": 64, "block_n": 32, "stages": 2, "threads": 256, "dynamic_smem_bytes": 155136},
-    "small": {"rows_per_cta": 32, "block_n": 16, "stages": 3, "threads": 128, "dynamic_smem_bytes": 95232},
+    "small": {"rows_per_cta": 48, "block_n": 16, "stages": 2, "threads": 192, "dynamic_smem_bytes": 96128},
     "wgmma": {"rows_per_cta": 64, "block_n": 64, "stages": 2, "threads": 256, "dynamic_smem_bytes": 230912},
     "wgmma-ws": {
         "rows_per_cta": 64,

@@ -10,13 +10,9 @@
 namespace va {
 namespace {
 
-#ifndef VA_MIN_SPLIT_KEYS
-#define VA_MIN_SPLIT_KEYS 256
-#endif
-constexpr int kMinSplitKeys = VA_MIN_SPLIT_KEYS;
 // Up to this many output rows, the combine gives each row 4 thread groups (kernel/NOTES.md, v6):
 // ~132 x 64 / rows splits per row, 16+ here.
-constexpr int kCombineManySplitsRows = 512;  // a split amortises its Q load and partial write over >= 256 keys
+constexpr int kCombineManySplitsRows = 512;
 
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -82,7 +78,7 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
   p.scale_log2 = a.sm_scale * 1.4426950408889634f;
   p.max_items = plan.max_items;
   p.max_partials = plan.max_partials;
-  p.min_split_tiles = (kMinSplitKeys + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  p.min_split_tiles = (Cfg::kMinSplitKeys + Cfg::kBlockN - 1) / Cfg::kBlockN;
 
   // Raising the dynamic shared-memory limit is not a stream operation, so it is legal during
   // graph capture. It is a per-device setting: done once per process, config and device.
@@ -174,11 +170,7 @@ cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int 
   else if (config == kConfigWgmmaWs) fill_plan<ConfigWgmmaWs>(batch, num_tokens, num_heads, max_partials, config, plan);
   else if (config == kConfigLarge) fill_plan<ConfigLarge>(batch, num_tokens, num_heads, max_partials, config, plan);
   else fill_plan<ConfigSmall>(batch, num_tokens, num_heads, max_partials, config, plan);
-#ifdef VA_MMA_NO_PDL
-  plan->dependent_combine = config == kConfigWgmma || config == kConfigWgmmaWs;
-#else
   plan->dependent_combine = major >= 9 ? 1 : 0;
-#endif
   return cudaSuccess;
 }
 
@@ -201,8 +193,8 @@ const char* build_info() {
 #ifndef VA_HAVE_SM90A
          " [not in this build]"
 #endif
-         "; mma.sync m16n8k16 bf16: large M=64 BN=32 stages=2 (8 warps), small M=32 BN=16 stages=3 "
-         "(4 warps); nvcc " VA_STR(__CUDACC_VER_MAJOR__) "." VA_STR(__CUDACC_VER_MINOR__);
+         "; mma.sync m16n8k16 bf16: large M=64 BN=32 stages=2 (8 warps), small M=48 BN=16 stages=2 "
+         "(6 warps); nvcc " VA_STR(__CUDACC_VER_MAJOR__) "." VA_STR(__CUDACC_VER_MINOR__);
 }
 
 }  // namespace va

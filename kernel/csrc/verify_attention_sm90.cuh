@@ -25,6 +25,7 @@ struct ConfigWgmma {
   static constexpr int kM = 64;
   static constexpr int kBlockN = 64;
   static constexpr int kStages = 2;
+  static constexpr int kMinSplitKeys = 128;  // a split holds at least this many keys (kernel/NOTES.md, v21)
   static constexpr int kThreads = 256;
   static constexpr int kChunkBytes = 64 * 128;              // 64 rows x 64 dims (128 B) = 8 swizzle atoms
   static constexpr int kChunks = kQKDim / 64;               // 9 chunks per 576-dim row block
@@ -462,6 +463,7 @@ struct ConfigWgmmaWsT {
   static constexpr int kM = 64;
   static constexpr int kBlockN = kBlockN_;                    // keys per KV tile: 32 or 48
   static constexpr int kStages = kStages_;
+  static constexpr int kMinSplitKeys = 128;  // a split holds at least this many keys (kernel/NOTES.md, v21)
   static constexpr int kThreads = 384;
   static constexpr int kQRegSteps = 32;                       // k-steps of Q held in registers (512 dims)
   static constexpr int kChunkBytes = kBlockN * 128;           // kBlockN rows x 64 dims (128 B): whole swizzle atoms
