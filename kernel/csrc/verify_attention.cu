@@ -78,11 +78,7 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
   p.scale_log2 = a.sm_scale * 1.4426950408889634f;
   p.max_items = plan.max_items;
   p.max_partials = plan.max_partials;
-#ifdef VA_MIN_SPLIT_KEYS_ALL  // temporary: the A/B of v21's minimum split in the sweep's timing
-  p.min_split_tiles = (VA_MIN_SPLIT_KEYS_ALL + Cfg::kBlockN - 1) / Cfg::kBlockN;
-#else
   p.min_split_tiles = (Cfg::kMinSplitKeys + Cfg::kBlockN - 1) / Cfg::kBlockN;
-#endif
 
   // Raising the dynamic shared-memory limit is not a stream operation, so it is legal during
   // graph capture. It is a per-device setting: done once per process, config and device.
