@@ -4,7 +4,7 @@
                                                 (PATH: a results.json, a run folder, or a folder
                                                 of run folders)
     python -m harness report --prune reports/   delete index.html of every run but the newest one
-                                                per GPU model and kind (results.json stays)
+                                                per GPU model, kind and grid (results.json stays)
 
 The page (``harness/templates/report.html.j2``, jinja2) holds pandas tables and matplotlib plots
 embedded as base64 PNG, so it opens anywhere with no other file:
@@ -700,12 +700,16 @@ def _run_files(root: Path) -> list[Path]:
 
 
 def prune(root: Path) -> tuple[list[Path], list[str]]:
-    """Delete index.html of every run under ``root`` but the newest per (GPU model, kind).
+    """Delete index.html of every run under ``root`` but the newest per (GPU model, kind, grid),
+    the key the history gate groups runs by (:func:`harness.compare.run_key`: a quick sweep, or
+    a tensor-parallel one, does not take the page of the default grid's run).
 
     Returns (deleted pages, warnings about results files that could not be read; those are
     left alone)."""
-    newest: dict[tuple[str, str], tuple[str, Path]] = {}
-    pages: list[tuple[tuple[str, str], Path]] = []
+    from harness.compare import run_key
+
+    newest: dict[object, tuple[str, Path]] = {}
+    pages: list[tuple[object, Path]] = []
     warnings = []
     for json_path in _run_files(root):
         try:
@@ -713,7 +717,7 @@ def prune(root: Path) -> tuple[list[Path], list[str]]:
         except ResultsError as e:
             warnings.append(str(e))
             continue
-        key = ((results.environment.get("gpu") or {}).get("name") or "cpu", results.kind)
+        key = run_key(results)
         pages.append((key, json_path.parent / "index.html"))
         if key not in newest or results.created_utc > newest[key][0]:
             newest[key] = (results.created_utc, json_path.parent)
@@ -732,7 +736,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"warning: {w} (left alone)", file=sys.stderr)
         for page in deleted:
             print(f"deleted {page}")
-        print(f"{len(deleted)} page(s) deleted; the newest run per GPU model and kind keeps its index.html")
+        print(f"{len(deleted)} page(s) deleted; the newest run per GPU model, kind and grid keeps its index.html")
         return 0
     if not args.paths:
         print("error: give a results.json or run folder to render, or --prune DIR", file=sys.stderr)
@@ -760,6 +764,6 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("paths", nargs="*", help="results.json files, run folders, or folders of run folders")
     p.add_argument(
-        "--prune", metavar="DIR", help="delete index.html of all but the newest run per GPU model and kind"
+        "--prune", metavar="DIR", help="delete index.html of all but the newest run per GPU model, kind and grid"
     )
     p.set_defaults(func=main)

@@ -302,10 +302,12 @@ def test_report_of_a_folder_without_results_is_an_error(tmp_path: Path, capsys) 
 # Pruning
 
 
-def _run(root: Path, name: str, source: Path, created: str, gpu: str | None) -> Path:
+def _run(root: Path, name: str, source: Path, created: str, gpu: str | None, command: str | None = None) -> Path:
     doc = json.loads(source.read_text())
     doc["created_utc"] = created
     doc["environment"]["gpu"] = {"name": gpu} if gpu else None
+    if command is not None:
+        doc["command"] = command
     run = root / name
     run.mkdir(parents=True)
     (run / "results.json").write_text(json.dumps(doc))
@@ -322,6 +324,21 @@ def test_prune_keeps_the_newest_page_per_gpu_model_and_kind(tmp_path: Path) -> N
     assert deleted == [old / "index.html"] and warnings == []
     assert all((r / "index.html").exists() for r in (new, other_gpu, parity))
     assert all((r / "results.json").exists() for r in (old, new, other_gpu, parity))
+
+
+def test_prune_keeps_the_newest_page_per_grid(tmp_path: Path) -> None:
+    """A quick or tensor-parallel sweep made after the default grid's run keeps its own page and
+    leaves the default run's page alone (the history gate's grouping)."""
+    default = _run(tmp_path, "a", SWEEP, "2025-11-01T00:00:00+00:00", "NVIDIA H200", "python -m harness sweep")
+    quick = _run(tmp_path, "b", SWEEP, "2025-11-02T00:00:00+00:00", "NVIDIA H200",
+                 "python -m harness sweep --grid quick --gpus 2")  # fmt: skip
+    tp = _run(tmp_path, "c", SWEEP, "2025-11-03T00:00:00+00:00", "NVIDIA H200",
+              "python -m harness sweep --grid quick --tp 2")  # fmt: skip
+    old_quick = _run(tmp_path, "d", SWEEP, "2025-10-01T00:00:00+00:00", "NVIDIA H200",
+                     "python -m harness sweep --grid quick")  # fmt: skip
+    deleted, warnings = prune(tmp_path)
+    assert deleted == [old_quick / "index.html"] and warnings == []
+    assert all((r / "index.html").exists() for r in (default, quick, tp))
 
 
 def test_prune_leaves_unreadable_runs_alone_and_warns(tmp_path: Path, capsys) -> None:
