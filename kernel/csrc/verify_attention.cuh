@@ -61,8 +61,8 @@ struct Config {
 using ConfigLarge = Config<4, 32, 2>;   // M=64, 8 warps, 151 KB
 // sm_120 / sm_86 / sm_89: 99 KB per block, ~100 KB per SM.
 // M=48, 6 warps, 94 KB: 1.5 warps an SM sub-partition where M=32 (4 warps, 3 stages) had one, and
-// each KV tile used by 48 rows; 13 % faster where rows are many, up to 11 % slower on short
-// few-row calls (kernel/NOTES.md, v21).
+// each KV tile used by 48 rows. Timed on the H200 (config="small"), not on sm_120: 13 % faster
+// where rows are many, up to 11 % slower on short few-row calls (kernel/NOTES.md, v21).
 using ConfigSmall = Config<3, 16, 2>;
 
 struct Params {
