@@ -193,8 +193,13 @@ const char* build_info() {
 #ifndef VA_HAVE_SM90A
          " [not in this build]"
 #endif
-         "; mma.sync m16n8k16 bf16: large M=64 BN=32 stages=2 (8 warps), small M=48 BN=16 stages=2 "
-         "(6 warps); nvcc " VA_STR(__CUDACC_VER_MAJOR__) "." VA_STR(__CUDACC_VER_MINOR__);
+         "; mma.sync m16n8k16 bf16: large M=64 BN=32 stages=2 (8 warps), small "
+#ifdef VA_SMALL_M32
+         "M=32 BN=16 stages=3 (4 warps)"
+#else
+         "M=48 BN=16 stages=2 (6 warps)"
+#endif
+         "; nvcc " VA_STR(__CUDACC_VER_MAJOR__) "." VA_STR(__CUDACC_VER_MINOR__);
 }
 
 }  // namespace va

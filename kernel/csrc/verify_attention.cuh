@@ -62,8 +62,14 @@ using ConfigLarge = Config<4, 32, 2>;   // M=64, 8 warps, 151 KB
 // sm_120 / sm_86 / sm_89: 99 KB per block, ~100 KB per SM.
 // M=48, 6 warps, 94 KB: 1.5 warps an SM sub-partition where M=32 (4 warps, 3 stages) had one, and
 // each KV tile used by 48 rows. Timed on the H200 (config="small"), not on sm_120: 13 % faster
-// where rows are many, up to 11 % slower on short few-row calls (kernel/NOTES.md, v21).
+// where rows are many, up to 11 % slower on short few-row calls (kernel/NOTES.md, v21). The build
+// switch VA_SMALL_M32 builds the shape before v21, so that an sm_120 box can time the choice
+// (harness ab --base-define VA_SMALL_M32).
+#ifdef VA_SMALL_M32
+using ConfigSmall = Config<2, 16, 3>;
+#else
 using ConfigSmall = Config<3, 16, 2>;
+#endif
 
 struct Params {
   const __nv_bfloat16* q;             // [N, H, 576]
