@@ -7,6 +7,7 @@ up to 16 requests, slots scattered over a pool whose unreferenced rows hold NaN.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import random
@@ -131,14 +132,40 @@ def runs_wgmma() -> bool:
     return torch.cuda.get_device_capability() == (9, 0)
 
 
+@functools.lru_cache(maxsize=None)
+def fits_shared_memory(config: str) -> bool:
+    """This GPU's per-block shared-memory limit holds ``config`` (sm_120's 99 KB does not hold
+    `large`, 151 KB). The launcher refuses such a config with an error that says so; a tiny call
+    asks it, so the tests and the launcher cannot disagree."""
+    batch = make_batch(random.Random(0), torch.device("cuda"), [40], [2], 1)
+    try:
+        run_kernel(batch, config=config)
+    except RuntimeError as e:
+        if "bytes of shared memory per block" in str(e):
+            return False
+        raise
+    return True
+
+
 def gpu_configs() -> tuple[str, ...]:
     """Every tile config this GPU runs."""
-    return ("wgmma-ws", "wgmma", "large", "small") if runs_wgmma() else ("large", "small")
+    configs = ("wgmma-ws", "wgmma", "large", "small") if runs_wgmma() else ("large", "small")
+    return tuple(c for c in configs if fits_shared_memory(c))
 
 
 def _needs_config(config: str) -> None:
     if config in ("wgmma", "wgmma-ws") and not runs_wgmma():
         pytest.skip("the wgmma config runs only on compute capability 9.0 (H100/H200)")
+    if config != "auto" and not fits_shared_memory(config):
+        pytest.skip(f"config {config!r} needs more shared memory per block than this GPU allows")
+
+
+def test_every_config_runs_on_an_h100_h200_and_small_everywhere() -> None:
+    """The skips above cannot hide a config by mistake: on compute capability 9.0 every config
+    fits, and `small` (sm_120's) fits on every GPU the kernel supports."""
+    assert fits_shared_memory("small")
+    if runs_wgmma():
+        assert gpu_configs() == ("wgmma-ws", "wgmma", "large", "small")
 
 
 @pytest.mark.parametrize("config", ["auto", "wgmma-ws", "wgmma", "large", "small"])
