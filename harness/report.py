@@ -35,6 +35,7 @@ from typing import Any
 
 import pandas as pd
 
+from harness.compare import RunKey, run_key
 from harness.results import Results, ResultsError, SweepRow, atomic_write_text, load_results, write_results
 
 TEMPLATE = "report.html.j2"
@@ -706,10 +707,8 @@ def prune(root: Path) -> tuple[list[Path], list[str]]:
 
     Returns (deleted pages, warnings about results files that could not be read; those are
     left alone)."""
-    from harness.compare import run_key
-
-    newest: dict[object, tuple[str, Path]] = {}
-    pages: list[tuple[object, Path]] = []
+    newest: dict[RunKey, tuple[str, Path]] = {}
+    pages: list[tuple[RunKey, Path]] = []
     warnings = []
     for json_path in _run_files(root):
         try:
@@ -736,7 +735,9 @@ def main(args: argparse.Namespace) -> int:
             print(f"warning: {w} (left alone)", file=sys.stderr)
         for page in deleted:
             print(f"deleted {page}")
-        print(f"{len(deleted)} page(s) deleted; the newest run per GPU model, kind and grid keeps its index.html")
+        print(
+            f"{len(deleted)} page(s) deleted; the newest run per GPU model, kind and grid keeps its index.html"
+        )
         return 0
     if not args.paths:
         print("error: give a results.json or run folder to render, or --prune DIR", file=sys.stderr)
@@ -764,6 +765,8 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("paths", nargs="*", help="results.json files, run folders, or folders of run folders")
     p.add_argument(
-        "--prune", metavar="DIR", help="delete index.html of all but the newest run per GPU model, kind and grid"
+        "--prune",
+        metavar="DIR",
+        help="delete index.html of all but the newest run per GPU model, kind and grid",
     )
     p.set_defaults(func=main)

@@ -34,4 +34,6 @@ def test_the_sources_have_switches() -> None:
 def test_every_switch_is_documented_and_every_documented_switch_exists() -> None:
     sources, readme = switches_in_sources(), switches_in_readme()
     assert sources - readme == set(), f"switches missing from the README's table: {sorted(sources - readme)}"
-    assert readme - sources == set(), f"README lists switches the sources no longer read: {sorted(readme - sources)}"
+    assert readme - sources == set(), (
+        f"README lists switches the sources no longer read: {sorted(readme - sources)}"
+    )

@@ -127,12 +127,16 @@ def describe(batch: VerifyBatch) -> str:
     return f"B{batch.batch_size}-P{list(batch.prefix_lens)}-T{list(batch.num_draft)}-H{batch.num_heads}"
 
 
+# Every value of verify_attention's `config`: "auto" and the four tile configs.
+CONFIGS = ("auto", "wgmma-ws", "wgmma", "large", "small")
+
+
 def runs_wgmma() -> bool:
     """The wgmma config runs on this GPU: compute capability 9.0 (the build adds sm_90a there)."""
     return torch.cuda.get_device_capability() == (9, 0)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fits_shared_memory(config: str) -> bool:
     """This GPU's per-block shared-memory limit holds ``config`` (sm_120's 99 KB does not hold
     `large`, 151 KB). The launcher refuses such a config with an error that says so; a tiny call
@@ -168,7 +172,7 @@ def test_every_config_runs_on_an_h100_h200_and_small_everywhere() -> None:
         assert gpu_configs() == ("wgmma-ws", "wgmma", "large", "small")
 
 
-@pytest.mark.parametrize("config", ["auto", "wgmma-ws", "wgmma", "large", "small"])
+@pytest.mark.parametrize("config", CONFIGS)
 def test_fuzz_against_oracle(config: str) -> None:
     """160 random batches per config; 'auto' is wgmma-ws on an H100/H200 and mma.sync elsewhere,
     'small' is the sm_120 tile config run here."""
@@ -181,7 +185,7 @@ def test_fuzz_against_oracle(config: str) -> None:
         assert_close(out, lse, batch, f"case {i} {describe(batch)} config={config}")
 
 
-@pytest.mark.parametrize("config", ["auto", "wgmma-ws", "wgmma", "large", "small"])
+@pytest.mark.parametrize("config", CONFIGS)
 def test_output_is_bitwise_deterministic(config: str) -> None:
     _needs_config(config)
     batch = random_batch(random.Random(7), torch.device("cuda"))
@@ -246,7 +250,7 @@ def test_values_far_from_one(exponent: int) -> None:
         assert_close(out, lse, batch, f"{describe(batch)} x2^{exponent} config={config}")
 
 
-@pytest.mark.parametrize("config", ["auto", "wgmma-ws", "wgmma", "large", "small"])
+@pytest.mark.parametrize("config", CONFIGS)
 def test_cuda_graph_replay_equals_eager(config: str) -> None:
     """Capture (the combine a programmatic dependent launch on cc >= 9.0) and replay, per config."""
     import kernel

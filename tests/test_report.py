@@ -302,7 +302,9 @@ def test_report_of_a_folder_without_results_is_an_error(tmp_path: Path, capsys) 
 # Pruning
 
 
-def _run(root: Path, name: str, source: Path, created: str, gpu: str | None, command: str | None = None) -> Path:
+def _run(
+    root: Path, name: str, source: Path, created: str, gpu: str | None, command: str | None = None
+) -> Path:
     doc = json.loads(source.read_text())
     doc["created_utc"] = created
     doc["environment"]["gpu"] = {"name": gpu} if gpu else None
@@ -329,13 +331,15 @@ def test_prune_keeps_the_newest_page_per_gpu_model_and_kind(tmp_path: Path) -> N
 def test_prune_keeps_the_newest_page_per_grid(tmp_path: Path) -> None:
     """A quick or tensor-parallel sweep made after the default grid's run keeps its own page and
     leaves the default run's page alone (the history gate's grouping)."""
-    default = _run(tmp_path, "a", SWEEP, "2025-11-01T00:00:00+00:00", "NVIDIA H200", "python -m harness sweep")
-    quick = _run(tmp_path, "b", SWEEP, "2025-11-02T00:00:00+00:00", "NVIDIA H200",
-                 "python -m harness sweep --grid quick --gpus 2")  # fmt: skip
-    tp = _run(tmp_path, "c", SWEEP, "2025-11-03T00:00:00+00:00", "NVIDIA H200",
-              "python -m harness sweep --grid quick --tp 2")  # fmt: skip
-    old_quick = _run(tmp_path, "d", SWEEP, "2025-10-01T00:00:00+00:00", "NVIDIA H200",
-                     "python -m harness sweep --grid quick")  # fmt: skip
+
+    def h200(name: str, date: str, args: str) -> Path:
+        created = f"2025-{date}T00:00:00+00:00"
+        return _run(tmp_path, name, SWEEP, created, "NVIDIA H200", f"python -m harness sweep{args}")
+
+    default = h200("a", "11-01", "")
+    quick = h200("b", "11-02", " --grid quick --gpus 2")
+    tp = h200("c", "11-03", " --grid quick --tp 2")
+    old_quick = h200("d", "10-01", " --grid quick")
     deleted, warnings = prune(tmp_path)
     assert deleted == [old_quick / "index.html"] and warnings == []
     assert all((r / "index.html").exists() for r in (default, quick, tp))
