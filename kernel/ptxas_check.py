@@ -9,7 +9,7 @@ report and fails when:
     file, or (for the configuration picked there at run time) dynamic + static shared memory over
     the arch's per-block limit;
   * the configuration the kernel picks at run time (wgmma on sm_90a; on sm_120 by its 99 KB opt-in
-    limit) is not the one expected there.
+    limit: small, and small-m32 per call) is not the one expected there.
 On sm_120 the wgmma kernel is compiled as a stub that traps (wgmma exists only on sm_90a), so
 only the mma.sync configurations are checked there.
 Dynamic shared memory comes from the configurations themselves (a host program built from the
@@ -34,14 +34,20 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 ARCHS = {"sm_90a": 227 * 1024, "sm_120": 99 * 1024}
 REGISTER_FILE = 64 * 1024
 # The config the kernel chooses per arch (make_plan: wgmma on sm_90a, else large if it fits the
-# opt-in limit, else small).
+# opt-in limit, else small, or per call small-m32 beside it).
 EXPECTED_CONFIG = {"sm_90a": "wgmma-ws", "sm_120": "small"}
+# Configs the run-time choice may take beside the expected one (their shared memory must fit too).
+ALSO_CHOSEN = {"sm_90a": (), "sm_120": ("small-m32",)}
 # Configs that can run on each arch (and so must compile cleanly and fit there).
-ARCH_CONFIGS = {"sm_90a": ("wgmma-ws", "wgmma", "large", "small"), "sm_120": ("large", "small")}
+ARCH_CONFIGS = {
+    "sm_90a": ("wgmma-ws", "wgmma", "large", "small", "small-m32"),
+    "sm_120": ("large", "small", "small-m32"),
+}
 # Each config's main kernel: (kernel name, template-argument tag) as they appear mangled.
 MAIN_KERNEL = {
     "large": ("verify_attention_kernel", "ConfigILi4ELi32ELi2E"),
     "small": ("verify_attention_kernel", "ConfigILi3ELi16ELi2E"),
+    "small-m32": ("verify_attention_kernel", "ConfigILi2ELi16ELi3E"),
     "wgmma": ("verify_attention_wgmma_kernel", "ConfigWgmmaE"),
     "wgmma-ws": ("verify_attention_wgmma_ws_kernel", "ConfigWgmmaWs"),
 }
@@ -101,12 +107,18 @@ def compile_report(arch: str, workdir: Path) -> str:
     return res.stdout + res.stderr
 
 
-def config_sizes(workdir: Path) -> dict[str, dict[str, int]]:
+def build_config_report(workdir: Path) -> Path:
+    """The host program that prints the configurations (and `auto`'s small-shape rule)."""
     exe = workdir / "config_report"
     cmd = ["nvcc", "-std=c++17", "-o", str(exe), str(CSRC / "config_report.cu")]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"nvcc failed for config_report.cu:\n{res.stdout}\n{res.stderr}")
+    return exe
+
+
+def config_sizes(workdir: Path) -> dict[str, dict[str, int]]:
+    exe = build_config_report(workdir)
     return json.loads(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout)
 
 
@@ -139,7 +151,7 @@ def check(kernels: list[KernelResources], configs: dict[str, dict[str, int]]) ->
                     f"{arch}: config {name!r} needs {k.registers} x {cfg['threads']} registers "
                     f"(limit {REGISTER_FILE})"
                 )
-            if name == EXPECTED_CONFIG[arch] and smem > limit:
+            if (name == EXPECTED_CONFIG[arch] or name in ALSO_CHOSEN[arch]) and smem > limit:
                 problems.append(
                     f"{arch}: config {name!r} (chosen there at run time) needs {smem} B shared memory "
                     f"(limit {limit})"

@@ -127,8 +127,9 @@ def describe(batch: VerifyBatch) -> str:
     return f"B{batch.batch_size}-P{list(batch.prefix_lens)}-T{list(batch.num_draft)}-H{batch.num_heads}"
 
 
-# Every value of verify_attention's `config`: "auto" and the four tile configs.
-CONFIGS = ("auto", "wgmma-ws", "wgmma", "large", "small")
+# Every value of verify_attention's `config`: "auto" and the five tile configs.
+TILE_CONFIGS = ("wgmma-ws", "wgmma", "large", "small", "small-m32")
+CONFIGS = ("auto", *TILE_CONFIGS)
 
 
 def runs_wgmma() -> bool:
@@ -153,7 +154,7 @@ def fits_shared_memory(config: str) -> bool:
 
 def gpu_configs() -> tuple[str, ...]:
     """Every tile config this GPU runs."""
-    configs = ("wgmma-ws", "wgmma", "large", "small") if runs_wgmma() else ("large", "small")
+    configs = TILE_CONFIGS if runs_wgmma() else ("large", "small", "small-m32")
     return tuple(c for c in configs if fits_shared_memory(c))
 
 
@@ -166,18 +167,19 @@ def _needs_config(config: str) -> None:
 
 def test_every_config_runs_on_an_h100_h200_and_small_everywhere() -> None:
     """The skips above cannot hide a config by mistake: on compute capability 9.0 every config
-    fits, and `small` (sm_120's) fits on every GPU the kernel supports."""
-    assert fits_shared_memory("small")
+    fits, and `small` and `small-m32` (sm_120's) fit on every GPU the kernel supports."""
+    assert fits_shared_memory("small") and fits_shared_memory("small-m32")
     if runs_wgmma():
-        assert gpu_configs() == ("wgmma-ws", "wgmma", "large", "small")
+        assert gpu_configs() == TILE_CONFIGS
 
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_fuzz_against_oracle(config: str) -> None:
     """160 random batches per config; 'auto' is wgmma-ws on an H100/H200 and mma.sync elsewhere,
-    'small' is the sm_120 tile config run here."""
+    'small' and 'small-m32' are the sm_120 tile configs run here."""
     _needs_config(config)
-    rng = random.Random({"auto": 1234, "wgmma-ws": 2468, "wgmma": 5678, "large": 8765, "small": 4321}[config])
+    seeds = {"auto": 1234, "wgmma-ws": 2468, "wgmma": 5678, "large": 8765, "small": 4321, "small-m32": 3579}
+    rng = random.Random(seeds[config])
     device = torch.device("cuda")
     for i in range(160):
         batch = random_batch(rng, device)
@@ -411,7 +413,7 @@ def test_bad_config_name_is_refused() -> None:
         kernel.verify_attention(**_good(), config="huge")
 
 
-@pytest.mark.parametrize("config", ["wgmma-ws", "wgmma", "large", "small"])
+@pytest.mark.parametrize("config", TILE_CONFIGS)
 @pytest.mark.parametrize("name", ["smoke", "ddtree", "ragged", "kimi-k2-tp8", "two-long", "deepseek-v3-200k"])
 def test_parity_on_bundle(name: str, config: str) -> None:
     """Numeric and token-exact parity on every canonical bundle, in every tile config."""

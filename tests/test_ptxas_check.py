@@ -7,6 +7,13 @@ from kernel.ptxas_check import ARCHS, MAIN_KERNEL, check, parse_ptxas
 CONFIGS = {
     "large": {"rows_per_cta": 64, "block_n": 32, "stages": 2, "threads": 256, "dynamic_smem_bytes": 155136},
     "small": {"rows_per_cta": 48, "block_n": 16, "stages": 2, "threads": 192, "dynamic_smem_bytes": 96128},
+    "small-m32": {
+        "rows_per_cta": 32,
+        "block_n": 16,
+        "stages": 3,
+        "threads": 128,
+        "dynamic_smem_bytes": 95232,
+    },
     "wgmma": {"rows_per_cta": 64, "block_n": 64, "stages": 2, "threads": 256, "dynamic_smem_bytes": 230912},
     "wgmma-ws": {
         "rows_per_cta": 64,
@@ -52,6 +59,15 @@ def test_shared_memory_over_the_sm120_limit_fails() -> None:
     # 95232 B dynamic + 8 KB static exceeds sm_120's 99 KB opt-in limit for the config it picks there
     problems = check(parse_ptxas(report(static_smem=8192)), CONFIGS)
     assert any(p.startswith("sm_120: config 'small'") for p in problems)
+
+
+def test_shared_memory_of_the_per_call_shape_is_checked_too() -> None:
+    """small-m32, which `auto` takes per call on sm_120, must fit there like small."""
+    configs = {**CONFIGS, "small-m32": {**CONFIGS["small-m32"], "dynamic_smem_bytes": 100 * 1024}}
+    problems = check(parse_ptxas(report()), configs)
+    assert problems == [
+        f"sm_120: config 'small-m32' (chosen there at run time) needs {100 * 1024} B shared memory (limit {99 * 1024})"
+    ]
 
 
 def test_registers_beyond_the_register_file_fail() -> None:

@@ -134,8 +134,8 @@ std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& 
   VA_CHECK(N * H <= int_max, "num_tokens * num_heads = ", N * H, " exceeds the supported 2^31 - 1 rows");
   VA_CHECK(kv_indices.numel() <= int_max, "kv_indices has ", kv_indices.numel(), " entries; at most 2^31 - 1");
   VA_CHECK(std::isfinite(sm_scale) && sm_scale > 0, "sm_scale must be a finite positive number, got ", sm_scale);
-  VA_CHECK(config >= 0 && config <= 4,
-           "config must be 0 (auto), 1 (large), 2 (small), 3 (wgmma) or 4 (wgmma-ws), got ", config);
+  VA_CHECK(config >= 0 && config <= 5,
+           "config must be 0 (auto), 1 (large), 2 (small), 3 (wgmma), 4 (wgmma-ws) or 5 (small-m32), got ", config);
 
   at::Tensor out = out_opt.has_value() ? *out_opt : at::empty({N, H, kVDim}, q.options());
   at::Tensor lse = lse_opt.has_value() ? *lse_opt : at::empty({N, H}, q.options().dtype(at::kFloat));
@@ -153,7 +153,8 @@ std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& 
 
   va::Plan plan{};
   cudaError_t e = va::make_plan(device.index(), static_cast<int>(B), static_cast<int>(N), static_cast<int>(H),
-                                static_cast<int>(config), static_cast<int>(max_partials), &plan);
+                                static_cast<int>(kv_indices.numel()), static_cast<int>(config),
+                                static_cast<int>(max_partials), &plan);
   VA_CHECK(e != cudaErrorNotSupported, "config ", config, " (wgmma", config == 4 ? "-ws" : "",
            ") needs a compute capability 9.0 GPU (H100/H200) and a ",
            "build for sm_90a; this build ", va::wgmma_built() ? "has" : "lacks", " sm_90a code and ", device,

@@ -1,5 +1,10 @@
 // Host program: prints the tile configurations' launch resources as JSON (no GPU needed).
+//   config_report                    the configurations
+//   config_report rule ROWS KEYS SMS  the config `auto` takes on a part that runs the mma.sync
+//                                     kernels in 99 KB (sm_120): "small" or "small-m32"
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "verify_attention_sm90.cuh"
 
@@ -10,10 +15,16 @@ void print(const char* name, bool last) {
               name, Cfg::kM, Cfg::kBlockN, Cfg::kStages, Cfg::kThreads, Cfg::kSmemBytes, last ? "" : ",");
 }
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc == 5 && std::strcmp(argv[1], "rule") == 0) {
+    const bool m32 = va::prefer_small_m32(std::atoll(argv[2]), std::atoll(argv[3]), std::atoi(argv[4]));
+    std::printf("%s\n", m32 ? "small-m32" : "small");
+    return 0;
+  }
   std::printf("{\n");
   print<va::ConfigLarge>("large", false);
   print<va::ConfigSmall>("small", false);
+  print<va::ConfigSmallM32>("small-m32", false);
   print<va::ConfigWgmma>("wgmma", false);
   print<va::ConfigWgmmaWs>("wgmma-ws", true);
   std::printf("}\n");

@@ -133,6 +133,7 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
 int config_smem_bytes(int config) {
   if (config == kConfigWgmma) return ConfigWgmma::kSmemBytes;
   if (config == kConfigWgmmaWs) return ConfigWgmmaWs::kSmemBytes;
+  if (config == kConfigSmallM32) return ConfigSmallM32::kSmemBytes;
   return config == kConfigSmall ? ConfigSmall::kSmemBytes : ConfigLarge::kSmemBytes;
 }
 
@@ -144,8 +145,8 @@ bool wgmma_built() {
 #endif
 }
 
-cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int config, int max_partials,
-                      Plan* plan) {
+cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int num_kv_indices, int config,
+                      int max_partials, Plan* plan) {
   int smem_optin = 0, sms = 0, major = 0, minor = 0;
   cudaError_t e = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (e != cudaSuccess) return e;
@@ -160,7 +161,9 @@ cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int 
   if (config == kConfigAuto) {
     config = wgmma_ok && smem_optin >= ConfigWgmmaWs::kSmemBytes ? kConfigWgmmaWs
              : smem_optin >= ConfigLarge::kSmemBytes               ? kConfigLarge
-                                                                    : kConfigSmall;
+             : prefer_small_m32(static_cast<long long>(num_tokens) * num_heads, num_kv_indices, sms)
+                 ? kConfigSmallM32
+                 : kConfigSmall;
   }
   if ((config == kConfigWgmma || config == kConfigWgmmaWs) && !wgmma_ok) return cudaErrorNotSupported;
   if (smem_optin < config_smem_bytes(config)) return cudaErrorInvalidValue;
@@ -169,6 +172,7 @@ cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int 
   if (config == kConfigWgmma) fill_plan<ConfigWgmma>(batch, num_tokens, num_heads, max_partials, config, plan);
   else if (config == kConfigWgmmaWs) fill_plan<ConfigWgmmaWs>(batch, num_tokens, num_heads, max_partials, config, plan);
   else if (config == kConfigLarge) fill_plan<ConfigLarge>(batch, num_tokens, num_heads, max_partials, config, plan);
+  else if (config == kConfigSmallM32) fill_plan<ConfigSmallM32>(batch, num_tokens, num_heads, max_partials, config, plan);
   else fill_plan<ConfigSmall>(batch, num_tokens, num_heads, max_partials, config, plan);
   plan->dependent_combine = major >= 9 ? 1 : 0;
   return cudaSuccess;
@@ -181,6 +185,8 @@ cudaError_t launch(const Args& args, const Plan& plan, cudaStream_t stream) {
     return launch_impl<ConfigWgmma>(args, plan, stream, verify_attention_wgmma_kernel<ConfigWgmma>);
   if (plan.config == kConfigLarge)
     return launch_impl<ConfigLarge>(args, plan, stream, verify_attention_kernel<ConfigLarge>);
+  if (plan.config == kConfigSmallM32)
+    return launch_impl<ConfigSmallM32>(args, plan, stream, verify_attention_kernel<ConfigSmallM32>);
   return launch_impl<ConfigSmall>(args, plan, stream, verify_attention_kernel<ConfigSmall>);
 }
 
@@ -193,11 +199,12 @@ const char* build_info() {
 #ifndef VA_HAVE_SM90A
          " [not in this build]"
 #endif
-         "; mma.sync m16n8k16 bf16: large M=64 BN=32 stages=2 (8 warps), small "
-#ifdef VA_SMALL_M32
-         "M=32 BN=16 stages=3 (4 warps)"
-#else
-         "M=48 BN=16 stages=2 (6 warps)"
+         "; mma.sync m16n8k16 bf16: large M=64 BN=32 stages=2 (8 warps), small M=48 BN=16 stages=2 "
+         "(6 warps), small-m32 M=32 BN=16 stages=3 (4 warps)"
+#if VA_SMALL_SHAPE == 48
+         " [auto: always small, VA_SMALL_SHAPE=48]"
+#elif VA_SMALL_SHAPE == 32
+         " [auto: always small-m32, VA_SMALL_SHAPE=32]"
 #endif
          "; nvcc " VA_STR(__CUDACC_VER_MAJOR__) "." VA_STR(__CUDACC_VER_MINOR__);
 }

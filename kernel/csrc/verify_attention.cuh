@@ -59,17 +59,40 @@ struct Config {
 
 // Large-shared-memory parts (sm_80, sm_90, sm_100: >= 160 KB per block).
 using ConfigLarge = Config<4, 32, 2>;   // M=64, 8 warps, 151 KB
-// sm_120 / sm_86 / sm_89: 99 KB per block, ~100 KB per SM.
-// M=48, 6 warps, 94 KB: 1.5 warps an SM sub-partition where M=32 (4 warps, 3 stages) had one, and
-// each KV tile used by 48 rows. Timed on the H200 (config="small"), not on sm_120: 13 % faster
-// where rows are many, up to 11 % slower on short few-row calls (kernel/NOTES.md, v21). The build
-// switch VA_SMALL_M32 builds the shape before v21, so that an sm_120 box can time the choice
-// (harness ab --base-define VA_SMALL_M32).
-#ifdef VA_SMALL_M32
-using ConfigSmall = Config<2, 16, 3>;
-#else
+// sm_120 / sm_86 / sm_89: 99 KB per block, ~100 KB per SM. Two shapes, chosen per call
+// (make_plan, kernel/NOTES.md v21-v22; timed on the H200 through config="small" / "small-m32",
+// not on sm_120):
+// `small`, M=48, 6 warps, 2 stages, 94 KB: 1.5 warps an SM sub-partition and each KV tile used by
+// 48 rows; 10-16 % faster than M=32 where rows are many.
 using ConfigSmall = Config<3, 16, 2>;
+// `small-m32`, M=32, 4 warps, 3 stages, 93 KB: no padding tile and fewer splits a row where rows
+// are few; 8-13 % faster than M=48 on short calls of at most 128 rows.
+using ConfigSmallM32 = Config<2, 16, 3>;
+
+// small-m32 over small (kernel/NOTES.md, v22): where one M=32 tile holds every row (an M=48 tile
+// would compute a third or more of padding), or where rows are at most 128 and an M=48 split would
+// hold at most 384 keys, so the per-split costs (the partial written and combined, a third more
+// splits a row at M=48) outweigh the loop. In keys per split, not a prefix length, so that the SM
+// count moves the crossover. Totals over the batch: the host knows no request's own lengths.
+// Build switch VA_SMALL_SHAPE: 0 this rule, 48 always small, 32 always small-m32 (the A/B bases
+// that time the rule, and v21's M=48, on a box that runs these kernels).
+#ifndef VA_SMALL_SHAPE
+#define VA_SMALL_SHAPE 0
 #endif
+static_assert(VA_SMALL_SHAPE == 0 || VA_SMALL_SHAPE == 32 || VA_SMALL_SHAPE == 48, "VA_SMALL_SHAPE: 0, 32 or 48");
+inline bool prefer_small_m32(long long rows, long long num_kv_indices, int sms) {
+#if VA_SMALL_SHAPE == 48
+  return false;
+#elif VA_SMALL_SHAPE == 32
+  return true;
+#else
+  constexpr long long kOneTileRows = ConfigSmallM32::kM, kFewRows = 128, kShortSplitKeys = 384;
+  if (rows <= kOneTileRows) return true;
+  if (rows > kFewRows) return false;
+  const long long m48_tiles = (rows + ConfigSmall::kM - 1) / ConfigSmall::kM;
+  return num_kv_indices * m48_tiles <= kShortSplitKeys * sms;
+#endif
+}
 
 struct Params {
   const __nv_bfloat16* q;             // [N, H, 576]

@@ -27,12 +27,19 @@ struct Args {
   float sm_scale;
 };
 
-enum ConfigId { kConfigAuto = 0, kConfigLarge = 1, kConfigSmall = 2, kConfigWgmma = 3, kConfigWgmmaWs = 4 };
+enum ConfigId {
+  kConfigAuto = 0,
+  kConfigLarge = 1,
+  kConfigSmall = 2,
+  kConfigWgmma = 3,
+  kConfigWgmmaWs = 4,
+  kConfigSmallM32 = 5,
+};
 
 // Everything the launch needs that depends only on shapes and the device (never on data), so
 // the workspace can be allocated up front and the call captured in a CUDA graph.
 struct Plan {
-  int config;            // kConfigLarge, kConfigSmall, kConfigWgmma or kConfigWgmmaWs
+  int config;            // a ConfigId other than kConfigAuto
   int rows_per_cta;      // M
   int block_n;           // keys per KV tile
   int stages;
@@ -46,8 +53,11 @@ struct Plan {
 
 // Returns cudaErrorInvalidValue when the device cannot hold the requested configuration, and
 // cudaErrorNotSupported for kConfigWgmma / kConfigWgmmaWs without an sm_90a build or on a device
-// other than cc 9.0. kConfigAuto picks wgmma-ws where it can run, else large where it fits, else small.
-cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int config, int max_partials, Plan* plan);
+// other than cc 9.0. kConfigAuto picks wgmma-ws where it can run, else large where it fits, else
+// per call small-m32 or small (prefer_small_m32 in verify_attention.cuh). num_kv_indices: K, the
+// call's KV index count.
+cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int num_kv_indices, int config,
+                      int max_partials, Plan* plan);
 cudaError_t launch(const Args& args, const Plan& plan, cudaStream_t stream);
 int config_smem_bytes(int config);
 bool wgmma_built();  // the build includes sm_90a code (the wgmma kernels)
