@@ -48,11 +48,17 @@ struct Config {
   static constexpr int kM = 16 * kRowGroups;
   static constexpr int kWarps = 2 * kRowGroups;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kPRow = kBlockN + 8;  // bf16 probabilities of one row (+8: conflict-free ldmatrix)
   static constexpr int kKVBytes = (kM + kStages * kBlockN) * kSmemRow * 2;
+#ifdef VA_MMA_PAIR_SPLITS_KEYS
+  static constexpr int kPRow = kBlockN + 8;  // bf16 probabilities of one row (+8: conflict-free ldmatrix)
   static constexpr int kPBytes = kM * kPRow * 2;
   static constexpr int kRedBytes = kWarps * 16 * 4;  // each warp's row maxima, then row sums
   static constexpr int kSmemBytes = kKVBytes + kPBytes + kRedBytes;
+#else
+  // Each warp's partial S tile (16 rows x kBlockN keys, fp32, accumulator layout) for its pair.
+  static constexpr int kExBytes = kWarps * kBlockN * 64;
+  static constexpr int kSmemBytes = kKVBytes + kExBytes;
+#endif
   static_assert(kBlockN % 16 == 0, "KV tile must be a multiple of the mma k-step");
   static_assert(kStages >= 2, "need at least double buffering");
 };
@@ -618,10 +624,12 @@ __device__ __forceinline__ void wait_for_primary_grid() {
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Params p) {
   constexpr int kM = Cfg::kM, kBN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
+#ifdef VA_MMA_PAIR_SPLITS_KEYS
   constexpr int kOwnKeys = kBN / 2;      // keys of S computed by each warp of a pair
   constexpr int kNTiles = kOwnKeys / 8;  // n8 tiles of S per warp
   constexpr int kQKSplit = VA_QK_SPLIT;
   static_assert((kQKDim / 16) % kQKSplit == 0, "the 36 k-steps of QK must divide among the accumulator sets");
+#endif
   constexpr int kHalfDims = kVDim / 2;   // output dims owned by one warp
   constexpr int kOTiles = kHalfDims / 8; // n8 tiles of O per warp
 
@@ -634,8 +642,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kM][kSmemRow]
   __nv_bfloat16* sKV = sQ + kM * kSmemRow;                           // [kStages][kBN][kSmemRow]
+#ifdef VA_MMA_PAIR_SPLITS_KEYS
   __nv_bfloat16* sP = reinterpret_cast<__nv_bfloat16*>(smem_raw + Cfg::kKVBytes);  // [kM][kPRow]
   float* sRed = reinterpret_cast<float*>(smem_raw + Cfg::kKVBytes + Cfg::kPBytes);  // [kWarps][16]
+#else
+  float* sEx = reinterpret_cast<float*>(smem_raw + Cfg::kKVBytes);  // [kWarps][kBN / 8][32 lanes][4]
+#endif
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int row_group = warp >> 1, half = warp & 1;
@@ -711,6 +723,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     }
     const __nv_bfloat16* sK = sKV + (tile % kStages) * kBN * kSmemRow;
 
+#ifdef VA_MMA_PAIR_SPLITS_KEYS
     // ---- S = Q K^T over 576 dims, this warp's half of the keys
     const __nv_bfloat16* sK_own = sK + half * kOwnKeys * kSmemRow;
     // kQKSplit independent accumulator sets over interleaved 16-dim steps: with only BN/16 n8
@@ -830,9 +843,113 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
         mma_bf16(o[j + 1], a, bfrag[2], bfrag[3]);
       }
     }
+#else
+    // ---- S = Q K^T, all kBN keys of the tile, over this warp's half of the 576 dims (18 k-steps):
+    // each warp of the pair loads only its half of Q and of K, and the pair adds the two partial
+    // S tiles through shared memory (kernel/NOTES.md, v23). kNT accumulators, each a chain of 18.
+    constexpr int kNT = kBN / 8;
+    constexpr int kSteps = kQKDim / 32;
+    float acc[kNT][4];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+#pragma unroll 2
+    for (int ks = 0; ks < kSteps; ++ks) {
+      const int kk = half * kSteps + ks;
+      uint32_t a[4];
+      ldmatrix_x4(a, q_warp + (lane % 16) * kSmemRow + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+      for (int j = 0; j < kNT; j += 2) {
+        uint32_t bfrag[4];
+        const int key = j * 8 + (lane % 8) + ((lane / 16) * 8);
+        const int dim = kk * 16 + ((lane / 8) % 2) * 8;
+        ldmatrix_x4(bfrag, sK + key * kSmemRow + dim);
+        mma_bf16(acc[j], a, bfrag[0], bfrag[1]);
+        mma_bf16(acc[j + 1], a, bfrag[2], bfrag[3]);
+      }
+    }
+    // The pair's two partial tiles have the same accumulator layout: lane l of either warp holds the
+    // same (row, key) entries. Own + other in both warps: IEEE addition commutes, so both warps get
+    // bitwise the same S. The slot is rewritten only after the next tile's __syncthreads, by which
+    // time the partner has read it.
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+      *reinterpret_cast<float4*>(sEx + ((warp * kNT + j) * 32 + lane) * 4) =
+          make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+    pair_barrier(row_group);
+    float s[kNT][4];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+      const float4 other = *reinterpret_cast<const float4*>(sEx + (((warp ^ 1) * kNT + j) * 32 + lane) * 4);
+      s[j][0] = acc[j][0] + other.x;
+      s[j][1] = acc[j][1] + other.y;
+      s[j][2] = acc[j][2] + other.z;
+      s[j][3] = acc[j][3] + other.w;
+    }
+
+    // ---- scale, mask (only tiles that reach the split end or the draft tokens)
+    const int pos0 = kv_begin + tile * kBN;
+    const bool needs_mask = tile_needs_mask(w, pos0, kBN);
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = s[j][e] * p.scale_log2;
+        if (needs_mask && !key_visible(w, pos0 + j * 8 + (lane % 4) * 2 + (e & 1), (e < 2) ? tok_lo : tok_hi))
+          v = -INFINITY;
+        s[j][e] = v;
+      }
+    }
+
+    // ---- online softmax over the whole tile in both warps of the pair (the same values in each)
+    float mx_lo = m_lo, mx_hi = m_hi;
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+      mx_lo = fmaxf(mx_lo, fmaxf(s[j][0], s[j][1]));
+      mx_hi = fmaxf(mx_hi, fmaxf(s[j][2], s[j][3]));
+    }
+    quad_max(mx_lo, mx_hi);
+    float ref_lo, ref_hi, alpha_lo, alpha_hi;
+    advance_max(m_lo, m_hi, mx_lo, mx_hi, ref_lo, ref_hi, alpha_lo, alpha_hi);
+    // P stays in registers: the accumulator layout of two n8 tiles is the A operand of one k16 step.
+    float sum_lo = 0.f, sum_hi = 0.f;
+    uint32_t pa[kBN / 16][4];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+      const float p0 = fast_exp2(s[j][0] - ref_lo), p1 = fast_exp2(s[j][1] - ref_lo);
+      const float p2 = fast_exp2(s[j][2] - ref_hi), p3 = fast_exp2(s[j][3] - ref_hi);
+      sum_lo += p0 + p1;
+      sum_hi += p2 + p3;
+      pa[j / 2][(j % 2) * 2] = pack_bf16(p0, p1);
+      pa[j / 2][(j % 2) * 2 + 1] = pack_bf16(p2, p3);
+    }
+    l_lo = l_lo * alpha_lo + sum_lo;
+    l_hi = l_hi * alpha_hi + sum_hi;
+#pragma unroll
+    for (int j = 0; j < kOTiles; ++j) {
+      o[j][0] *= alpha_lo;
+      o[j][1] *= alpha_lo;
+      o[j][2] *= alpha_hi;
+      o[j][3] *= alpha_hi;
+    }
+
+    // ---- O[:, half] += P V[:, half] over all kBN keys
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+#pragma unroll
+      for (int j = 0; j < kOTiles; j += 2) {
+        uint32_t bfrag[4];
+        const int key = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+        const int dim = half * kHalfDims + j * 8 + (lane / 16) * 8;
+        ldmatrix_x4_trans(bfrag, sK + key * kSmemRow + dim);
+        mma_bf16(o[j], pa[kk], bfrag[0], bfrag[1]);
+        mma_bf16(o[j + 1], pa[kk], bfrag[2], bfrag[3]);
+      }
+    }
+#endif
   }
   cp_async_wait<0>();
 
+#ifdef VA_MMA_PAIR_SPLITS_KEYS
   // ---- finish: row sums across the quad and the pair, normalise, write
   quad_sum(l_lo, l_hi);
   __syncthreads();  // the last tile's maxima are read; sRed is free
@@ -847,6 +964,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     l_lo = half == 0 ? l_lo + other_lo : other_lo + l_lo;
     l_hi = half == 0 ? l_hi + other_hi : other_hi + l_hi;
   }
+#else
+  // ---- finish: row sums across the quad (each warp of the pair holds the whole sum), write
+  quad_sum(l_lo, l_hi);
+#endif
   static_assert(kOTiles == 32, "store_rows writes 32 n8 tiles per thread");
   store_rows<kM>(p, w, o, m_lo, m_hi, l_lo, l_hi, r_lo, half * kHalfDims + (lane % 4) * 2, half == 0);
 }
