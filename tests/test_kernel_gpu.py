@@ -140,7 +140,7 @@ def runs_wgmma() -> bool:
 @functools.cache
 def fits_shared_memory(config: str) -> bool:
     """This GPU's per-block shared-memory limit holds ``config`` (sm_120's 99 KB does not hold
-    `large`, 151 KB). The launcher refuses such a config with an error that says so; a tiny call
+    `large`, 162 KB). The launcher refuses such a config with an error that says so; a tiny call
     asks it, so the tests and the launcher cannot disagree."""
     batch = make_batch(random.Random(0), torch.device("cuda"), [40], [2], 1)
     try:

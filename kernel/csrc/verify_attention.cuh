@@ -32,12 +32,6 @@ constexpr int kChunksPerRow = kQKDim * 2 / 16;  // 72 chunks of 16 bytes per KV 
 constexpr int kSmemRow = kQKDim + 8;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Independent QK accumulator sets per warp (kernel/NOTES.md, v2). A build flag so that tuning
-// runs can compare values without editing the source.
-#ifndef VA_QK_SPLIT
-#define VA_QK_SPLIT 2
-#endif
-
 // Tile configuration. kRowGroups x 16 rows per CTA, 2 warps per row group.
 template <int kRowGroups_, int kBlockN_, int kStages_>
 struct Config {
@@ -49,29 +43,22 @@ struct Config {
   static constexpr int kWarps = 2 * kRowGroups;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kKVBytes = (kM + kStages * kBlockN) * kSmemRow * 2;
-#ifdef VA_MMA_PAIR_SPLITS_KEYS
-  static constexpr int kPRow = kBlockN + 8;  // bf16 probabilities of one row (+8: conflict-free ldmatrix)
-  static constexpr int kPBytes = kM * kPRow * 2;
-  static constexpr int kRedBytes = kWarps * 16 * 4;  // each warp's row maxima, then row sums
-  static constexpr int kSmemBytes = kKVBytes + kPBytes + kRedBytes;
-#else
   // Each warp's partial S tile (16 rows x kBlockN keys, fp32, accumulator layout) for its pair.
   static constexpr int kExBytes = kWarps * kBlockN * 64;
   static constexpr int kSmemBytes = kKVBytes + kExBytes;
-#endif
   static_assert(kBlockN % 16 == 0, "KV tile must be a multiple of the mma k-step");
   static_assert(kStages >= 2, "need at least double buffering");
 };
 
 // Large-shared-memory parts (sm_80, sm_90, sm_100: >= 160 KB per block).
-using ConfigLarge = Config<4, 32, 2>;   // M=64, 8 warps, 151 KB
+using ConfigLarge = Config<4, 32, 2>;   // M=64, 8 warps, 162 KB
 // sm_120 / sm_86 / sm_89: 99 KB per block, ~100 KB per SM. Two shapes, chosen per call
 // (make_plan, kernel/NOTES.md v21-v22; timed on the H200 through config="small" / "small-m32",
 // not on sm_120):
-// `small`, M=48, 6 warps, 2 stages, 94 KB: 1.5 warps an SM sub-partition and each KV tile used by
+// `small`, M=48, 6 warps, 2 stages, 97 KB: 1.5 warps an SM sub-partition and each KV tile used by
 // 48 rows; 10-16 % faster than M=32 where rows are many.
 using ConfigSmall = Config<3, 16, 2>;
-// `small-m32`, M=32, 4 warps, 3 stages, 93 KB: no padding tile and fewer splits a row where rows
+// `small-m32`, M=32, 4 warps, 3 stages, 95 KB: no padding tile and fewer splits a row where rows
 // are few; 8-13 % faster than M=48 on short calls of at most 128 rows.
 using ConfigSmallM32 = Config<2, 16, 3>;
 
@@ -624,12 +611,6 @@ __device__ __forceinline__ void wait_for_primary_grid() {
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Params p) {
   constexpr int kM = Cfg::kM, kBN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
-#ifdef VA_MMA_PAIR_SPLITS_KEYS
-  constexpr int kOwnKeys = kBN / 2;      // keys of S computed by each warp of a pair
-  constexpr int kNTiles = kOwnKeys / 8;  // n8 tiles of S per warp
-  constexpr int kQKSplit = VA_QK_SPLIT;
-  static_assert((kQKDim / 16) % kQKSplit == 0, "the 36 k-steps of QK must divide among the accumulator sets");
-#endif
   constexpr int kHalfDims = kVDim / 2;   // output dims owned by one warp
   constexpr int kOTiles = kHalfDims / 8; // n8 tiles of O per warp
 
@@ -642,12 +623,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kM][kSmemRow]
   __nv_bfloat16* sKV = sQ + kM * kSmemRow;                           // [kStages][kBN][kSmemRow]
-#ifdef VA_MMA_PAIR_SPLITS_KEYS
-  __nv_bfloat16* sP = reinterpret_cast<__nv_bfloat16*>(smem_raw + Cfg::kKVBytes);  // [kM][kPRow]
-  float* sRed = reinterpret_cast<float*>(smem_raw + Cfg::kKVBytes + Cfg::kPBytes);  // [kWarps][16]
-#else
   float* sEx = reinterpret_cast<float*>(smem_raw + Cfg::kKVBytes);  // [kWarps][kBN / 8][32 lanes][4]
-#endif
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int row_group = warp >> 1, half = warp & 1;
@@ -723,127 +699,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     }
     const __nv_bfloat16* sK = sKV + (tile % kStages) * kBN * kSmemRow;
 
-#ifdef VA_MMA_PAIR_SPLITS_KEYS
-    // ---- S = Q K^T over 576 dims, this warp's half of the keys
-    const __nv_bfloat16* sK_own = sK + half * kOwnKeys * kSmemRow;
-    // kQKSplit independent accumulator sets over interleaved 16-dim steps: with only BN/16 n8
-    // tiles per warp, one set would make every mma wait for the previous one (latency bound).
-    float acc[kQKSplit][kNTiles][4];
-#pragma unroll
-    for (int x = 0; x < kQKSplit; ++x)
-#pragma unroll
-      for (int j = 0; j < kNTiles; ++j) acc[x][j][0] = acc[x][j][1] = acc[x][j][2] = acc[x][j][3] = 0.f;
-#pragma unroll 2
-    for (int k0 = 0; k0 < kQKDim / 16; k0 += kQKSplit) {
-#pragma unroll
-      for (int x = 0; x < kQKSplit; ++x) {
-        const int kk = k0 + x;
-        uint32_t a[4];
-        ldmatrix_x4(a, q_warp + (lane % 16) * kSmemRow + kk * 16 + (lane / 16) * 8);
-        if constexpr (kNTiles % 2 == 0) {
-#pragma unroll
-          for (int j = 0; j < kNTiles; j += 2) {
-            uint32_t bfrag[4];
-            const int key = j * 8 + (lane % 8) + ((lane / 16) * 8);
-            const int dim = kk * 16 + ((lane / 8) % 2) * 8;
-            ldmatrix_x4(bfrag, sK_own + key * kSmemRow + dim);
-            mma_bf16(acc[x][j], a, bfrag[0], bfrag[1]);
-            mma_bf16(acc[x][j + 1], a, bfrag[2], bfrag[3]);
-          }
-        } else {
-#pragma unroll
-          for (int j = 0; j < kNTiles; ++j) {
-            uint32_t bfrag[2];
-            const int key = j * 8 + (lane % 8);
-            const int dim = kk * 16 + ((lane / 8) % 2) * 8;
-            ldmatrix_x2(bfrag, sK_own + key * kSmemRow + dim);
-            mma_bf16(acc[x][j], a, bfrag[0], bfrag[1]);
-          }
-        }
-      }
-    }
-    float s[kNTiles][4];
-#pragma unroll
-    for (int j = 0; j < kNTiles; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = acc[0][j][e];
-#pragma unroll
-        for (int x = 1; x < kQKSplit; ++x) v += acc[x][j][e];
-        s[j][e] = v;
-      }
-
-    // ---- scale, mask (only tiles that reach the split end or the draft tokens)
-    const int pos0 = kv_begin + tile * kBN + half * kOwnKeys;
-    const bool needs_mask = tile_needs_mask(w, kv_begin + tile * kBN, kBN);
-#pragma unroll
-    for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = s[j][e] * p.scale_log2;
-        if (needs_mask && !key_visible(w, pos0 + j * 8 + (lane % 4) * 2 + (e & 1), (e < 2) ? tok_lo : tok_hi))
-          v = -INFINITY;
-        s[j][e] = v;
-      }
-    }
-
-    // ---- online softmax: the pair agrees on each row's running max through shared memory
-    float mx_lo = m_lo, mx_hi = m_hi;
-#pragma unroll
-    for (int j = 0; j < kNTiles; ++j) {
-      mx_lo = fmaxf(mx_lo, fmaxf(s[j][0], s[j][1]));
-      mx_hi = fmaxf(mx_hi, fmaxf(s[j][2], s[j][3]));
-    }
-    quad_max(mx_lo, mx_hi);
-    if (lane % 4 == 0) {
-      sRed[warp * 16 + lane / 4] = mx_lo;
-      sRed[warp * 16 + lane / 4 + 8] = mx_hi;
-    }
-    pair_barrier(row_group);
-    mx_lo = fmaxf(mx_lo, sRed[(warp ^ 1) * 16 + lane / 4]);
-    mx_hi = fmaxf(mx_hi, sRed[(warp ^ 1) * 16 + lane / 4 + 8]);
-    float ref_lo, ref_hi, alpha_lo, alpha_hi;
-    advance_max(m_lo, m_hi, mx_lo, mx_hi, ref_lo, ref_hi, alpha_lo, alpha_hi);
-    float sum_lo = 0.f, sum_hi = 0.f;
-    __nv_bfloat16* p_row = sP + (row_group * 16 + lane / 4) * Cfg::kPRow + half * kOwnKeys + (lane % 4) * 2;
-#pragma unroll
-    for (int j = 0; j < kNTiles; ++j) {
-      const float p0 = fast_exp2(s[j][0] - ref_lo), p1 = fast_exp2(s[j][1] - ref_lo);
-      const float p2 = fast_exp2(s[j][2] - ref_hi), p3 = fast_exp2(s[j][3] - ref_hi);
-      sum_lo += p0 + p1;
-      sum_hi += p2 + p3;
-      *reinterpret_cast<uint32_t*>(p_row + j * 8) = pack_bf16(p0, p1);
-      *reinterpret_cast<uint32_t*>(p_row + 8 * Cfg::kPRow + j * 8) = pack_bf16(p2, p3);
-    }
-    // Each warp keeps the sum over its own keys; the pair adds them once, after the last tile.
-    l_lo = l_lo * alpha_lo + sum_lo;
-    l_hi = l_hi * alpha_hi + sum_hi;
-#pragma unroll
-    for (int j = 0; j < kOTiles; ++j) {
-      o[j][0] *= alpha_lo;
-      o[j][1] *= alpha_lo;
-      o[j][2] *= alpha_hi;
-      o[j][3] *= alpha_hi;
-    }
-    pair_barrier(row_group);
-
-    // ---- O[:, half] += P V[:, half] over all kBN keys
-    const __nv_bfloat16* p_warp = sP + (row_group * 16) * Cfg::kPRow;
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      uint32_t a[4];
-      ldmatrix_x4(a, p_warp + (lane % 16) * Cfg::kPRow + kk * 16 + (lane / 16) * 8);
-#pragma unroll
-      for (int j = 0; j < kOTiles; j += 2) {
-        uint32_t bfrag[4];
-        const int key = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-        const int dim = half * kHalfDims + j * 8 + (lane / 16) * 8;
-        ldmatrix_x4_trans(bfrag, sK + key * kSmemRow + dim);
-        mma_bf16(o[j], a, bfrag[0], bfrag[1]);
-        mma_bf16(o[j + 1], a, bfrag[2], bfrag[3]);
-      }
-    }
-#else
     // ---- S = Q K^T, all kBN keys of the tile, over this warp's half of the 576 dims (18 k-steps):
     // each warp of the pair loads only its half of Q and of K, and the pair adds the two partial
     // S tiles through shared memory (kernel/NOTES.md, v23). kNT accumulators, each a chain of 18.
@@ -945,29 +800,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
         mma_bf16(o[j + 1], pa[kk], bfrag[2], bfrag[3]);
       }
     }
-#endif
   }
   cp_async_wait<0>();
 
-#ifdef VA_MMA_PAIR_SPLITS_KEYS
-  // ---- finish: row sums across the quad and the pair, normalise, write
-  quad_sum(l_lo, l_hi);
-  __syncthreads();  // the last tile's maxima are read; sRed is free
-  if (lane % 4 == 0) {
-    sRed[warp * 16 + lane / 4] = l_lo;
-    sRed[warp * 16 + lane / 4 + 8] = l_hi;
-  }
-  pair_barrier(row_group);
-  // Added in pair order (half 0 + half 1) in both warps, so both get bitwise the same sum.
-  {
-    const float other_lo = sRed[(warp ^ 1) * 16 + lane / 4], other_hi = sRed[(warp ^ 1) * 16 + lane / 4 + 8];
-    l_lo = half == 0 ? l_lo + other_lo : other_lo + l_lo;
-    l_hi = half == 0 ? l_hi + other_hi : other_hi + l_hi;
-  }
-#else
   // ---- finish: row sums across the quad (each warp of the pair holds the whole sum), write
   quad_sum(l_lo, l_hi);
-#endif
   static_assert(kOTiles == 32, "store_rows writes 32 n8 tiles per thread");
   store_rows<kM>(p, w, o, m_lo, m_hi, l_lo, l_hi, r_lo, half * kHalfDims + (lane % 4) * 2, half == 0);
 }
