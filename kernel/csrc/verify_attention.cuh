@@ -33,11 +33,14 @@ constexpr int kSmemRow = kQKDim + 8;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // Tile configuration. kRowGroups x 16 rows per CTA, 2 warps per row group.
-template <int kRowGroups_, int kBlockN_, int kStages_>
+template <int kRowGroups_, int kBlockN_, int kStages_, int kQKSets_ = 1>
 struct Config {
   static constexpr int kRowGroups = kRowGroups_;
   static constexpr int kBlockN = kBlockN_;  // keys per KV tile
   static constexpr int kStages = kStages_;  // cp.async pipeline depth
+  // Accumulators per n8 tile of S over interleaved k-steps: QK's 18 dependent mma of a warp's
+  // half of the dims become kQKSets chains (kernel/NOTES.md, v23).
+  static constexpr int kQKSets = kQKSets_;
   static constexpr int kMinSplitKeys = 64;  // a split holds at least this many keys (kernel/NOTES.md, v21)
   static constexpr int kM = 16 * kRowGroups;
   static constexpr int kWarps = 2 * kRowGroups;
@@ -57,10 +60,12 @@ using ConfigLarge = Config<4, 32, 2>;   // M=64, 8 warps, 162 KB
 // not on sm_120):
 // `small`, M=48, 6 warps, 2 stages, 97 KB: 1.5 warps an SM sub-partition and each KV tile used by
 // 48 rows; 10-16 % faster than M=32 where rows are many.
-using ConfigSmall = Config<3, 16, 2>;
+// Three QK accumulator sets: -5 to -6 % against one on its loop-bound calls (v23).
+using ConfigSmall = Config<3, 16, 2, 3>;
 // `small-m32`, M=32, 4 warps, 3 stages, 95 KB: no padding tile and fewer splits a row where rows
 // are few; 8-13 % faster than M=48 on short calls of at most 128 rows.
-using ConfigSmallM32 = Config<2, 16, 3>;
+// Two QK accumulator sets: -6 % against one, 3 % better than three (v23).
+using ConfigSmallM32 = Config<2, 16, 3, 2>;
 
 // small-m32 over small (kernel/NOTES.md, v22): where one M=32 tile holds every row (an M=48 tile
 // would compute a third or more of padding), or where rows are at most 128 and an M=48 split would
@@ -704,24 +709,45 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     // S tiles through shared memory (kernel/NOTES.md, v23). kNT accumulators, each a chain of 18.
     constexpr int kNT = kBN / 8;
     constexpr int kSteps = kQKDim / 32;
-    float acc[kNT][4];
+#ifdef VA_QK_ONE_SET
+    constexpr int kSets = 1;  // trial switch: v23's single accumulator per n8 tile, for the A/B
+#else
+    constexpr int kSets = Cfg::kQKSets;
+#endif
+    static_assert(kSteps % kSets == 0, "the 18 k-steps must divide among the accumulator sets");
+    float accs[kSets][kNT][4];
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int x = 0; x < kSets; ++x)
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) accs[x][j][0] = accs[x][j][1] = accs[x][j][2] = accs[x][j][3] = 0.f;
 #pragma unroll 2
-    for (int ks = 0; ks < kSteps; ++ks) {
-      const int kk = half * kSteps + ks;
-      uint32_t a[4];
-      ldmatrix_x4(a, q_warp + (lane % 16) * kSmemRow + kk * 16 + (lane / 16) * 8);
+    for (int k0 = 0; k0 < kSteps; k0 += kSets) {
 #pragma unroll
-      for (int j = 0; j < kNT; j += 2) {
-        uint32_t bfrag[4];
-        const int key = j * 8 + (lane % 8) + ((lane / 16) * 8);
-        const int dim = kk * 16 + ((lane / 8) % 2) * 8;
-        ldmatrix_x4(bfrag, sK + key * kSmemRow + dim);
-        mma_bf16(acc[j], a, bfrag[0], bfrag[1]);
-        mma_bf16(acc[j + 1], a, bfrag[2], bfrag[3]);
+      for (int x = 0; x < kSets; ++x) {
+        const int kk = half * kSteps + k0 + x;
+        uint32_t a[4];
+        ldmatrix_x4(a, q_warp + (lane % 16) * kSmemRow + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+        for (int j = 0; j < kNT; j += 2) {
+          uint32_t bfrag[4];
+          const int key = j * 8 + (lane % 8) + ((lane / 16) * 8);
+          const int dim = kk * 16 + ((lane / 8) % 2) * 8;
+          ldmatrix_x4(bfrag, sK + key * kSmemRow + dim);
+          mma_bf16(accs[x][j], a, bfrag[0], bfrag[1]);
+          mma_bf16(accs[x][j + 1], a, bfrag[2], bfrag[3]);
+        }
       }
     }
+    float acc[kNT][4];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = accs[0][j][e];
+#pragma unroll
+        for (int x = 1; x < kSets; ++x) v += accs[x][j][e];
+        acc[j][e] = v;
+      }
     // The pair's two partial tiles have the same accumulator layout: lane l of either warp holds the
     // same (row, key) entries. Own + other in both warps: IEEE addition commutes, so both warps get
     // bitwise the same S. The slot is rewritten only after the next tile's __syncthreads, by which
