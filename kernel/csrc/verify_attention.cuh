@@ -709,11 +709,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     // S tiles through shared memory (kernel/NOTES.md, v23). kNT accumulators, each a chain of 18.
     constexpr int kNT = kBN / 8;
     constexpr int kSteps = kQKDim / 32;
-#ifdef VA_QK_ONE_SET
-    constexpr int kSets = 1;  // trial switch: v23's single accumulator per n8 tile, for the A/B
-#else
     constexpr int kSets = Cfg::kQKSets;
-#endif
     static_assert(kSteps % kSets == 0, "the 18 k-steps must divide among the accumulator sets");
     float accs[kSets][kNT][4];
 #pragma unroll
