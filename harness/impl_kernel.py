@@ -61,6 +61,10 @@ def kernel_call(module: ModuleType, batch: VerifyBatch, config: str | None = Non
     def run() -> tuple[torch.Tensor, torch.Tensor | None]:
         return module.verify_attention(*args, **kwargs)
 
+    # The tile config this call runs (an older revision in an A/B may not say).
+    planned = getattr(module, "planned_config", None)
+    if planned is not None:
+        run.impl_config = planned(batch.q, batch.kv_indices, batch.qo_indptr, config or "auto")  # type: ignore[attr-defined]
     return run
 
 

@@ -6,6 +6,9 @@ returns a zero-argument callable that runs the operation and returns ``(out, lse
 
     out [N, H, 512] (bf16 for GPU kernels, float64 for the oracle), lse [N, H] fp32/float64 or None
 
+The callable may carry an ``impl_config`` attribute (a string: what it runs for this batch, e.g.
+the kernel's tile config); sweeps copy it into their rows (:func:`impl_config_of`).
+
 Parity and sweeps loop over :func:`implementations` and never special-case an entry.
 An entry that cannot run here says why through ``availability(device)``; it is then
 reported as ``unavailable`` with that reason, never as passed.
@@ -34,6 +37,12 @@ class Implementation:
     device_kind: str = "cuda"
     # the oracle is the reference; speedups are reported against it
     is_reference: bool = False
+
+
+def impl_config_of(run_fn: RunFn) -> str:
+    """What a prepared call says it runs (its ``impl_config`` attribute), "" when it says nothing."""
+    value = getattr(run_fn, "impl_config", "")
+    return value if isinstance(value, str) else ""
 
 
 _REGISTRY: dict[str, Implementation] = {}

@@ -151,6 +151,7 @@ def sweep_frame(results: Results, include_ranks: bool = False) -> pd.DataFrame:
             note=r.note,
             repro=r.repro,
             cold_l2=r.cold_l2,
+            impl_config=r.impl_config,
         )
         rec.update({k: v for k, v in r.params.items() if k not in rec})
         records.append(rec)
@@ -439,8 +440,9 @@ def _nvml_change(before: dict[str, Any] | None, after: dict[str, Any] | None) ->
 
 
 def rows_table(results: Results) -> str:
-    """Every sweep row: statistics, throughput, floor, cold-L2 method, NVML clocks and
-    temperature before -> after, note, repro command."""
+    """Every sweep row: what the implementation ran (its config, where it says), statistics,
+    throughput, floor, cold-L2 method, NVML clocks and temperature before -> after, note, repro
+    command."""
     df = sweep_frame(results, include_ranks=True)
     if df.empty:
         return ""
@@ -452,6 +454,7 @@ def rows_table(results: Results) -> str:
         {
             "case": [_text(c, "mono") for c in df["case_id"]],
             "implementation": [_text(i, "mono") for i in df["impl"]],
+            "config": [_text(c or "-", "mono small") for c in df["impl_config"]],
             "mode": [_text(m) for m in df["mode"]],
             "n": [_num(n, "d") for n in df["n"]],
             "median ms": [

@@ -17,6 +17,9 @@ Top-level layout (``schema_version`` 1)::
     sweep             [SweepRow ...]
     unavailable       [{impl, reason}]
     notes             [str ...]
+
+A sweep row's ``impl_config`` (added within version 1, "" when absent) names what the
+implementation ran for the case, where it says: the kernel's tile config.
 """
 
 from __future__ import annotations
@@ -89,6 +92,9 @@ class SweepRow:
     # rank row and None on the step row (the slowest rank per round)
     tp_rank: int | None = None
     tp_size: int | None = None
+    # What the implementation ran for this case where it says (the kernel: its tile config, e.g.
+    # "wgmma-ws" or, on sm_120, "small" / "small-m32" chosen per call); "" where it does not.
+    impl_config: str = ""
 
 
 @dataclass

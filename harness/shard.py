@@ -90,7 +90,7 @@ from harness import nvml, registry
 from harness.batch import QK_DIM, V_DIM, VerifyBatch
 from harness.cases import CaseParams, build_batch
 from harness.env import environment, git_info
-from harness.registry import Implementation, RunFn
+from harness.registry import Implementation, RunFn, impl_config_of
 from harness.results import Results, SweepRow, load_results, write_results
 from harness.roofline import Ceilings, measure_ceilings
 from harness.sweep import (
@@ -462,6 +462,7 @@ def tp_step_row(rank_rows: Sequence[SweepRow]) -> SweepRow:
         repro=first.repro,
         cold_l2=first.cold_l2,
         tp_size=size,
+        impl_config=first.impl_config,
     )
     failed = [r for r in rank_rows if r.status != "ok"]
     if failed:
@@ -837,11 +838,10 @@ def _time_rank_run(
             before, _ = nvml.snapshot(opts.device)
             timing, why = measure_collective(run_fns, coll, mode=mode, device=opts.device, policy=run.timing)
             after, _ = nvml.snapshot(opts.device)
-        rows.append(
-            _rank_row(
-                opts, spec, rank, case, impl.name, mode, batches[0], timing, why, (before, after), ceilings
-            )
+        row = _rank_row(
+            opts, spec, rank, case, impl.name, mode, batches[0], timing, why, (before, after), ceilings
         )
+        rows.append(replace(row, impl_config=impl_config_of(run_fns[0])) if run_fns else row)
         progress.update(1)
     return rows
 

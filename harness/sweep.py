@@ -75,7 +75,7 @@ import torch
 from harness import nvml, registry
 from harness.cases import LAYOUTS, TREE_KINDS, CaseParams, build_batch
 from harness.env import environment, git_info
-from harness.registry import Implementation, RunFn
+from harness.registry import Implementation, RunFn, impl_config_of
 from harness.results import Results, SweepRow
 from harness.roofline import Ceilings, measure_ceilings, throughput
 from harness.timing import MODES, Timing, exclusive_gpu, l2_bytes_of, measure, rotation_sets, round_sig
@@ -463,6 +463,7 @@ def _time_impl(
                 params=case.to_json(),
                 mode=mode,
                 repro=repro_command(opts, case.case_id, impl.name, mode),
+                impl_config=impl_config_of(run_fns[0]),
             )
         )
         progress.update(1)

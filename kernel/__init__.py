@@ -24,6 +24,7 @@ __all__ = [
     "visibility_from_parents",
     "words_per_row",
     "load_extension",
+    "planned_config",
 ]
 
 
@@ -101,3 +102,32 @@ def verify_attention(
 
 
 _CONFIGS = {"auto": 0, "large": 1, "small": 2, "wgmma": 3, "wgmma-ws": 4, "small-m32": 5}
+_CONFIG_NAMES = {v: k for k, v in _CONFIGS.items()}
+
+
+def planned_config(
+    q: torch.Tensor, kv_indices: torch.Tensor, qo_indptr: torch.Tensor, config: str = "auto"
+) -> str:
+    """The tile config that ``verify_attention`` runs for these inputs on their device: what
+    ``config`` (default "auto") resolves to, from shapes only (no sync, nothing launched). Raises
+    ValueError for an unknown name and RuntimeError when the device cannot run that config."""
+    if config not in _CONFIGS:
+        raise ValueError(f"config must be one of {sorted(_CONFIGS)}, got {config!r}")
+    if not q.is_cuda or q.dim() != 3:
+        raise ValueError(
+            f"q must be a CUDA tensor [num_tokens, num_heads, 576], got {tuple(q.shape)} on {q.device}"
+        )
+    if qo_indptr.dim() != 1 or qo_indptr.numel() < 2:
+        raise ValueError(f"qo_indptr must be 1-D [B+1] with B >= 1, got {tuple(qo_indptr.shape)}")
+    batch = qo_indptr.numel() - 1
+    chosen = load_extension().planned_config(
+        q.device.index if q.device.index is not None else torch.cuda.current_device(),
+        batch,
+        q.shape[0],
+        q.shape[1],
+        kv_indices.numel(),
+        _CONFIGS[config],
+    )
+    if chosen < 0:
+        raise RuntimeError(f"config {config!r} cannot run on {q.device} (its shared memory or architecture)")
+    return _CONFIG_NAMES[chosen]

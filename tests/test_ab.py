@@ -244,6 +244,22 @@ def test_kernel_call_uses_only_the_eight_arguments_of_an_older_revision() -> Non
     assert fake.calls == [{}, {}]
 
 
+def test_kernel_call_carries_the_config_the_revision_plans_and_nothing_when_it_cannot_say() -> None:
+    from harness.registry import impl_config_of
+
+    fake = FakeKernel(new_api=True)
+    asked: list[str] = []
+
+    def planned_config(q, kv_indices, qo_indptr, config):  # noqa: ANN001, ANN202
+        asked.append(config)
+        return "small-m32"
+
+    fake.planned_config = planned_config
+    assert impl_config_of(ab.kernel_call(fake, small_batch())) == "small-m32"
+    assert asked == ["auto"]
+    assert impl_config_of(ab.kernel_call(FakeKernel(new_api=False), small_batch())) == ""
+
+
 # --- interleaving and verdicts --------------------------------------------------------------------
 
 

@@ -173,6 +173,34 @@ def test_every_config_runs_on_an_h100_h200_and_small_everywhere() -> None:
         assert gpu_configs() == TILE_CONFIGS
 
 
+def test_planned_config_names_what_each_call_runs() -> None:
+    """kernel.planned_config resolves `config` as the call does: a forced config it can run is
+    itself, one it cannot run raises, and `auto` is wgmma-ws on an H100/H200 or, on a 99 KB part,
+    small-m32 or small by the rule of kernel/csrc/verify_attention.cuh (prefer_small_m32)."""
+    import kernel
+
+    device = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    for prefix, heads in ((1000, 8), (40000, 8), (1000, 2), (1000, 64)):
+        batch = make_batch(random.Random(0), device, [prefix], [16], heads)
+        args = (batch.q, batch.kv_indices, batch.qo_indptr)
+        for config in TILE_CONFIGS:
+            if config in gpu_configs():
+                assert kernel.planned_config(*args, config) == config
+            else:
+                with pytest.raises(RuntimeError, match="cannot run"):
+                    kernel.planned_config(*args, config)
+        auto = kernel.planned_config(*args)
+        rows, keys = 16 * heads, batch.kv_indices.numel()
+        if runs_wgmma():
+            assert auto == "wgmma-ws"
+        elif fits_shared_memory("large"):
+            assert auto == "large"
+        else:
+            few = rows <= 32 or (rows <= 128 and keys * math.ceil(rows / 48) <= 384 * sms)
+            assert auto == ("small-m32" if few else "small"), (prefix, heads, sms)
+
+
 @pytest.mark.parametrize("config", CONFIGS)
 def test_fuzz_against_oracle(config: str) -> None:
     """160 random batches per config; 'auto' is wgmma-ws on an H100/H200 and mma.sync elsewhere,

@@ -113,6 +113,16 @@ def test_sweep_page_lists_every_row_with_its_repro_command(sweep_html: str) -> N
         assert r.repro in details
 
 
+def test_sweep_rows_name_the_config_the_implementation_ran() -> None:
+    results = load_results(SWEEP)
+    rows = [replace(r, impl_config="small-m32") if r.impl == "verify-attn-cuda" else r for r in results.sweep]
+    details = _rows_details(render_html(replace(results, sweep=rows), str(SWEEP)))
+    body = details.split("<tbody>")[1]
+    assert body.count("small-m32") == sum(r.impl == "verify-attn-cuda" for r in rows) > 0
+    # a results file written before the field existed reads as "" and shows "-"
+    assert all(r.impl_config == "" for r in results.sweep)
+
+
 def test_sweep_rows_show_sm_clock_and_temperature_before_and_after(sweep_html: str) -> None:
     details = _rows_details(sweep_html)
     throttled = details[details.index(">B1-P262144-T16-H64-shuffled<") :].split("</tr>")[0]

@@ -293,9 +293,10 @@ def test_run_dir_name_has_utc_time_grid_gpu_slug_and_short_sha() -> None:
 
 
 def _matmul_impl(
-    name: str, *, repeat: int = 1, nan: bool = False, raises: bool = False, **kw
+    name: str, *, repeat: int = 1, nan: bool = False, raises: bool = False, config: str = "", **kw
 ) -> Implementation:
-    """A stand-in: attention-shaped work on the CPU (``repeat`` times), optionally broken."""
+    """A stand-in: attention-shaped work on the CPU (``repeat`` times), optionally broken; a
+    ``config`` is what its prepared call says it runs (``impl_config``)."""
 
     def prepare(batch: VerifyBatch):
         if raises:
@@ -310,6 +311,8 @@ def _matmul_impl(
                 out[0, 0, 0] = float("nan")
             return out, None
 
+        if config:
+            run.impl_config = f"{config} at P={batch.prefix_lens[0]}"
         return run
 
     return Implementation(
@@ -324,7 +327,7 @@ def _matmul_impl(
 
 STAND_INS = [
     _matmul_impl("quick-impl"),
-    _matmul_impl("slow-impl", repeat=8),
+    _matmul_impl("slow-impl", repeat=8, config="repeat-8"),
     _matmul_impl("nan-impl", nan=True),
     _matmul_impl("raising-impl", raises=True),
     _matmul_impl("gpu-only-impl", availability=lambda device: (False, "needs a CUDA device, got cpu")),
@@ -385,6 +388,13 @@ def test_cpu_sweep_times_healthy_implementations_with_raw_samples_and_stats(cpu_
         assert r.bytes > 0 and r.flops > 0 and r.bandwidth_gbs > 0
         assert r.floor_ms is None and r.pct_of_floor is None  # no ceilings on the CPU
         assert r.params["prefix_len"] in (64, 4096)
+
+
+def test_cpu_sweep_rows_carry_what_the_prepared_call_says_it_runs(cpu_sweep: dict) -> None:
+    rows = cpu_sweep["results"].sweep
+    slow = {r.params["prefix_len"]: r.impl_config for r in rows if r.impl == "slow-impl"}
+    assert slow == {64: "repeat-8 at P=64", 4096: "repeat-8 at P=4096"}
+    assert all(r.impl_config == "" for r in rows if r.impl == "quick-impl")
 
 
 def test_cpu_sweep_records_nan_and_raising_implementations_as_untimed_error_rows(cpu_sweep: dict) -> None:
