@@ -113,12 +113,12 @@ def planned_config(
     ValueError for an unknown name and RuntimeError when the device cannot run that config."""
     if config not in _CONFIGS:
         raise ValueError(f"config must be one of {sorted(_CONFIGS)}, got {config!r}")
+    if qo_indptr.dim() != 1 or qo_indptr.numel() < 2:
+        raise ValueError(f"qo_indptr must be 1-D [B+1] with B >= 1, got {tuple(qo_indptr.shape)}")
     if not q.is_cuda or q.dim() != 3:
         raise ValueError(
             f"q must be a CUDA tensor [num_tokens, num_heads, 576], got {tuple(q.shape)} on {q.device}"
         )
-    if qo_indptr.dim() != 1 or qo_indptr.numel() < 2:
-        raise ValueError(f"qo_indptr must be 1-D [B+1] with B >= 1, got {tuple(qo_indptr.shape)}")
     batch = qo_indptr.numel() - 1
     chosen = load_extension().planned_config(
         q.device.index if q.device.index is not None else torch.cuda.current_device(),

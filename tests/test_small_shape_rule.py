@@ -57,3 +57,19 @@ def test_both_small_shapes_are_reported_with_their_sizes(report_exe: Path) -> No
     configs = json.loads(subprocess.run([str(report_exe)], capture_output=True, text=True, check=True).stdout)
     assert configs["small"]["rows_per_cta"] == 48 and configs["small-m32"]["rows_per_cta"] == 32
     assert configs["small-m32"]["dynamic_smem_bytes"] <= 99 * 1024
+
+
+def test_planned_config_refuses_bad_arguments_by_name_before_any_build() -> None:
+    """kernel.planned_config checks its names and tensors on the host (no extension, no GPU)."""
+    import torch
+
+    import kernel
+
+    q = torch.zeros(3, 2, 576, dtype=torch.bfloat16)
+    idx, qo = torch.zeros(8, dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32)
+    with pytest.raises(ValueError, match="config must be one of"):
+        kernel.planned_config(q, idx, qo, "huge")
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
+        kernel.planned_config(q, idx, qo)
+    with pytest.raises(ValueError, match="qo_indptr must be 1-D"):
+        kernel.planned_config(q, idx, torch.tensor([0], dtype=torch.int32))

@@ -11,11 +11,12 @@
 //   3. combine: merges the splits of each row in a fixed order (bitwise deterministic).
 //
 // Warp layout of the main kernel: warps come in pairs; both warps of a pair own the same 16 rows.
-// Each computes S = Q K^T (mma.sync m16n8k16 bf16) for its half of the tile's keys; the pair
-// swaps row maxima and bf16 probabilities through shared memory, and each warp then multiplies
-// P (all keys) by its half of V's 512 dims, kept in registers (16 x 256 fp32 = 128 registers per
-// thread). Splitting S instead of computing it twice saved a third of the mma work; see
-// kernel/NOTES.md (v1 -> v2).
+// Each computes the partial S = Q K^T (mma.sync m16n8k16 bf16) of all the tile's keys over its
+// half of the 576 dims; the pair adds the two partials through shared memory, so both hold S,
+// and each warp keeps P in registers as the A operand of its P V over its half of V's 512 dims,
+// kept in registers (16 x 256 fp32 = 128 registers per thread). Splitting S's work between the
+// pair instead of computing it twice saved a third of the mma work (kernel/NOTES.md, v1 -> v2);
+// splitting its dims rather than its keys halves the Q and K each warp loads (v23).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -706,7 +707,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
 
     // ---- S = Q K^T, all kBN keys of the tile, over this warp's half of the 576 dims (18 k-steps):
     // each warp of the pair loads only its half of Q and of K, and the pair adds the two partial
-    // S tiles through shared memory (kernel/NOTES.md, v23). kNT accumulators, each a chain of 18.
+    // S tiles through shared memory (kernel/NOTES.md, v23). kNT n8 tiles, each accumulated in
+    // kQKSets sets over interleaved k-steps (chains of 18 / kQKSets dependent mma), added in order.
     constexpr int kNT = kBN / 8;
     constexpr int kSteps = kQKDim / 32;
     constexpr int kSets = Cfg::kQKSets;
