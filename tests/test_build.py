@@ -37,7 +37,7 @@ def test_the_hash_separates_arch_lists_and_flags(monkeypatch: pytest.MonkeyPatch
     monkeypatch.delenv("VERIFY_ATTN_EXTRA_CUDA_FLAGS", raising=False)
     a, b = build.source_hash("9.0a"), build.source_hash("12.0")
     assert a != b and a == build.source_hash("9.0a")
-    monkeypatch.setenv("VERIFY_ATTN_EXTRA_CUDA_FLAGS", "-DVA_QK_SPLIT=4")
+    monkeypatch.setenv("VERIFY_ATTN_EXTRA_CUDA_FLAGS", "-DVA_WS_BLOCK_N=32")
     assert build.source_hash("9.0a") != a
 
 
