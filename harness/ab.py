@@ -80,7 +80,7 @@ from harness.batch import VerifyBatch
 from harness.cases import build_batch
 from harness.env import environment, git_info
 from harness.impl_kernel import kernel_call
-from harness.registry import RunFn
+from harness.registry import RunFn, impl_config_of
 from harness.results import Results, SweepRow, write_results
 from harness.sweep import GridError, PlannedCase, TimingPolicy, load_grid, with_speedups
 from harness.timing import exclusive_gpu, l2_bytes_of, measure, rotation_sets, round_sig, summarize
@@ -230,6 +230,7 @@ class SideRows:
     bytes: int
     flops: int
     note: str = ""
+    impl_config: str = ""  # what the side's kernel ran (kernel.planned_config), where it says
 
 
 def _row(s: SideRows) -> SweepRow:
@@ -248,6 +249,7 @@ def _row(s: SideRows) -> SweepRow:
             flops=s.flops,
             status="error",
             note=s.note,
+            impl_config=s.impl_config,
         )
     st = summarize(s.samples_ms)
     return SweepRow(
@@ -263,6 +265,7 @@ def _row(s: SideRows) -> SweepRow:
         bytes=s.bytes,
         flops=s.flops,
         note=s.note,
+        impl_config=s.impl_config,
     )
 
 
@@ -435,6 +438,7 @@ def time_case(
                 batches[0].min_bytes(),
                 batches[0].flops(),
                 why[c.label] or failed.get(c.label, ""),
+                impl_config_of(calls[c.label][0]) if calls.get(c.label) else "",
             )
             for c in contenders
         ]

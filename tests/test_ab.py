@@ -15,7 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -409,6 +409,39 @@ def test_time_case_times_both_sides_interleaved_and_records_a_broken_side() -> N
     )  # fmt: skip
     assert not base.samples_ms and "cold timing failed: RuntimeError" in base.note
     assert head.samples_ms and not head.note
+
+
+def test_time_case_rows_name_the_config_each_side_ran() -> None:
+    """A side whose prepared call says what it runs (kernel.planned_config through kernel_call)
+    carries it into its rows: an A/B of VA_SMALL_SHAPE=48 against the rule reads small /
+    small-m32 per case."""
+    case = PlannedCase(
+        CaseParams(batch_size=1, prefix_len=64, num_heads=2, tree_size=4),
+        (PlannedRun("verify-attn-cuda", ("cold",), TimingPolicy(warmup=1, min_samples=5, max_samples=5)),),
+    )
+
+    def side(config: str) -> Callable[[VerifyBatch], ab.RunFn]:
+        def make(batch: VerifyBatch) -> ab.RunFn:
+            def run() -> tuple[torch.Tensor, None]:
+                return batch.q[..., :512].float(), None
+
+            if config:
+                run.impl_config = config  # type: ignore[attr-defined]
+            return run
+
+        return make
+
+    ((base, head),) = ab.time_case(
+        case, (ab.Contender("base:1", side("small")), ab.Contender("head:2", side("small-m32"))),
+        impl="verify-attn-cuda", rounds=2, device=torch.device("cpu"), notes=[],
+    )  # fmt: skip
+    rows, _ = ab.ab_rows([(base, head)], min_change=0.03)
+    assert [r.impl_config for r in rows] == ["small", "small-m32"]
+    ((base, _),) = ab.time_case(
+        case, (ab.Contender("base:1", side("")), ab.Contender("head:2", side("small"))),
+        impl="verify-attn-cuda", rounds=2, device=torch.device("cpu"), notes=[],
+    )  # fmt: skip
+    assert base.impl_config == ""
 
 
 # --- the command ------------------------------------------------------------------------------------
