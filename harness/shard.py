@@ -702,6 +702,7 @@ def _rank_row(
     why: str,
     nvml_state: tuple[dict | None, dict | None],
     ceilings: Ceilings | None,
+    impl_config: str = "",
 ) -> SweepRow:
     nbytes, flops = batch.min_bytes(), batch.flops()
     size = spec.size
@@ -711,6 +712,7 @@ def _rank_row(
         repro=f"{repro_command(opts, case.case_id, impl, mode)} --tp {size}",
         tp_rank=rank,
         tp_size=size,
+        impl_config=impl_config,
     )
     if timing is None:
         return replace(error_row(opts, case, impl, mode, nbytes, flops, why), **ids)
@@ -838,10 +840,23 @@ def _time_rank_run(
             before, _ = nvml.snapshot(opts.device)
             timing, why = measure_collective(run_fns, coll, mode=mode, device=opts.device, policy=run.timing)
             after, _ = nvml.snapshot(opts.device)
-        row = _rank_row(
-            opts, spec, rank, case, impl.name, mode, batches[0], timing, why, (before, after), ceilings
+        config = impl_config_of(run_fns[0]) if run_fns else ""
+        rows.append(
+            _rank_row(
+                opts,
+                spec,
+                rank,
+                case,
+                impl.name,
+                mode,
+                batches[0],
+                timing,
+                why,
+                (before, after),
+                ceilings,
+                config,
+            )
         )
-        rows.append(replace(row, impl_config=impl_config_of(run_fns[0])) if run_fns else row)
         progress.update(1)
     return rows
 

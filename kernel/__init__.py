@@ -81,8 +81,7 @@ def verify_attention(
     No host synchronisation and no data-dependent allocation: the call can be captured in a
     CUDA graph. Output is bitwise deterministic for identical inputs.
     """
-    if config not in _CONFIGS:
-        raise ValueError(f"config must be one of {sorted(_CONFIGS)}, got {config!r}")
+    config_id = _config_id(config)
     out, lse = load_extension().verify_attention(
         q,
         kv_cache,
@@ -95,7 +94,7 @@ def verify_attention(
         out,
         lse,
         validate,
-        _CONFIGS[config],
+        config_id,
         0,
     )
     return out, lse
@@ -105,14 +104,19 @@ _CONFIGS = {"auto": 0, "large": 1, "small": 2, "wgmma": 3, "wgmma-ws": 4, "small
 _CONFIG_NAMES = {v: k for k, v in _CONFIGS.items()}
 
 
+def _config_id(config: str) -> int:
+    if config not in _CONFIGS:
+        raise ValueError(f"config must be one of {sorted(_CONFIGS)}, got {config!r}")
+    return _CONFIGS[config]
+
+
 def planned_config(
     q: torch.Tensor, kv_indices: torch.Tensor, qo_indptr: torch.Tensor, config: str = "auto"
 ) -> str:
     """The tile config that ``verify_attention`` runs for these inputs on their device: what
     ``config`` (default "auto") resolves to, from shapes only (no sync, nothing launched). Raises
     ValueError for an unknown name and RuntimeError when the device cannot run that config."""
-    if config not in _CONFIGS:
-        raise ValueError(f"config must be one of {sorted(_CONFIGS)}, got {config!r}")
+    config_id = _config_id(config)
     if qo_indptr.dim() != 1 or qo_indptr.numel() < 2:
         raise ValueError(f"qo_indptr must be 1-D [B+1] with B >= 1, got {tuple(qo_indptr.shape)}")
     if not q.is_cuda or q.dim() != 3:
@@ -126,7 +130,7 @@ def planned_config(
         q.shape[0],
         q.shape[1],
         kv_indices.numel(),
-        _CONFIGS[config],
+        config_id,
     )
     if chosen < 0:
         raise RuntimeError(f"config {config!r} cannot run on {q.device} (its shared memory or architecture)")

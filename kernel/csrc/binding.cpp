@@ -93,6 +93,11 @@ void validate_data(const at::Tensor& q, const at::Tensor& kv_indices, const at::
   }
 }
 
+void check_config(int64_t config) {
+  VA_CHECK(config >= 0 && config <= 5,
+           "config must be 0 (auto), 1 (large), 2 (small), 3 (wgmma), 4 (wgmma-ws) or 5 (small-m32), got ", config);
+}
+
 std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& kv_cache_in,
                                          const at::Tensor& kv_indices, const at::Tensor& qo_indptr,
                                          const at::Tensor& kv_indptr, const at::Tensor& tree_mask,
@@ -134,8 +139,7 @@ std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& 
   VA_CHECK(N * H <= int_max, "num_tokens * num_heads = ", N * H, " exceeds the supported 2^31 - 1 rows");
   VA_CHECK(kv_indices.numel() <= int_max, "kv_indices has ", kv_indices.numel(), " entries; at most 2^31 - 1");
   VA_CHECK(std::isfinite(sm_scale) && sm_scale > 0, "sm_scale must be a finite positive number, got ", sm_scale);
-  VA_CHECK(config >= 0 && config <= 5,
-           "config must be 0 (auto), 1 (large), 2 (small), 3 (wgmma), 4 (wgmma-ws) or 5 (small-m32), got ", config);
+  check_config(config);
 
   at::Tensor out = out_opt.has_value() ? *out_opt : at::empty({N, H, kVDim}, q.options());
   at::Tensor lse = lse_opt.has_value() ? *lse_opt : at::empty({N, H}, q.options().dtype(at::kFloat));
@@ -191,8 +195,7 @@ std::string build_info() { return va::build_info(); }
 // same make_plan as the call, so the two cannot disagree. Shapes only; nothing is launched.
 int64_t planned_config(int64_t device_index, int64_t batch, int64_t num_tokens, int64_t num_heads,
                        int64_t num_kv_indices, int64_t config) {
-  VA_CHECK(config >= 0 && config <= 5,
-           "config must be 0 (auto), 1 (large), 2 (small), 3 (wgmma), 4 (wgmma-ws) or 5 (small-m32), got ", config);
+  check_config(config);
   VA_CHECK(batch >= 1 && num_tokens >= batch && num_heads >= 1 && num_kv_indices >= 0,
            "planned_config needs batch >= 1, num_tokens >= batch, num_heads >= 1, num_kv_indices >= 0; got ", batch,
            ", ", num_tokens, ", ", num_heads, ", ", num_kv_indices);
