@@ -93,8 +93,12 @@ void validate_data(const at::Tensor& q, const at::Tensor& kv_indices, const at::
   }
 }
 
+// Config ids (va::ConfigId) by name, as kernel/__init__.py spells them.
+constexpr const char* kConfigNames[] = {"auto", "large", "small", "wgmma", "wgmma-ws", "small-m32"};
+constexpr int64_t kNumConfigs = sizeof(kConfigNames) / sizeof(kConfigNames[0]);
+
 void check_config(int64_t config) {
-  VA_CHECK(config >= 0 && config <= 5,
+  VA_CHECK(config >= 0 && config < kNumConfigs,
            "config must be 0 (auto), 1 (large), 2 (small), 3 (wgmma), 4 (wgmma-ws) or 5 (small-m32), got ", config);
 }
 
@@ -159,12 +163,14 @@ std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& 
   cudaError_t e = va::make_plan(device.index(), static_cast<int>(B), static_cast<int>(N), static_cast<int>(H),
                                 static_cast<int>(kv_indices.numel()), static_cast<int>(config),
                                 static_cast<int>(max_partials), &plan);
-  VA_CHECK(e != cudaErrorNotSupported, "config ", config, " (wgmma", config == 4 ? "-ws" : "",
+  VA_CHECK(e != cudaErrorNotSupported, "config ", config, " (", kConfigNames[config],
            ") needs a compute capability 9.0 GPU (H100/H200) and a ",
            "build for sm_90a; this build ", va::wgmma_built() ? "has" : "lacks", " sm_90a code and ", device,
            " is not such a GPU or lacks the shared memory");
-  VA_CHECK(e != cudaErrorInvalidValue, "config ", config, " needs ", va::config_smem_bytes(static_cast<int>(config)),
-              " bytes of shared memory per block, more than ", device, " allows");
+  // make_plan names the config it resolved (`auto` too) and its size when the device cannot hold it.
+  VA_CHECK(e != cudaErrorInvalidValue, "config ", config, " (", kConfigNames[config],
+           config == 0 ? std::string(" -> ") + kConfigNames[plan.config] : std::string(), ") needs ",
+           plan.smem_bytes, " bytes of shared memory per block, more than ", device, " allows");
   C10_CUDA_CHECK(e);
   at::Tensor workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)}, q.options().dtype(at::kByte));
 

@@ -128,13 +128,32 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
   return cudaLaunchKernelEx(&lc, combine_kernel<Cfg, 1, kHalf>, p, rows);
 }
 
+// The one map from a config id to its tile config and main kernel: the shared-memory size, the
+// plan and the launch all dispatch through it. f(ConfigTag<Cfg>{}, kernel); false for an id that
+// names no config (kConfigAuto included: make_plan resolves it first).
+template <class Cfg>
+struct ConfigTag {
+  using type = Cfg;
+};
+
+template <class F>
+bool with_config(int config, F&& f) {
+  switch (config) {
+    case kConfigLarge: f(ConfigTag<ConfigLarge>{}, verify_attention_kernel<ConfigLarge>); return true;
+    case kConfigSmall: f(ConfigTag<ConfigSmall>{}, verify_attention_kernel<ConfigSmall>); return true;
+    case kConfigSmallM32: f(ConfigTag<ConfigSmallM32>{}, verify_attention_kernel<ConfigSmallM32>); return true;
+    case kConfigWgmma: f(ConfigTag<ConfigWgmma>{}, verify_attention_wgmma_kernel<ConfigWgmma>); return true;
+    case kConfigWgmmaWs: f(ConfigTag<ConfigWgmmaWs>{}, verify_attention_wgmma_ws_kernel<ConfigWgmmaWs>); return true;
+    default: return false;
+  }
+}
+
 }  // namespace
 
 int config_smem_bytes(int config) {
-  if (config == kConfigWgmma) return ConfigWgmma::kSmemBytes;
-  if (config == kConfigWgmmaWs) return ConfigWgmmaWs::kSmemBytes;
-  if (config == kConfigSmallM32) return ConfigSmallM32::kSmemBytes;
-  return config == kConfigSmall ? ConfigSmall::kSmemBytes : ConfigLarge::kSmemBytes;
+  int bytes = 0;
+  with_config(config, [&](auto cfg, MainKernel) { bytes = decltype(cfg)::type::kSmemBytes; });
+  return bytes;
 }
 
 bool wgmma_built() {
@@ -166,28 +185,24 @@ cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int 
                  : kConfigSmall;
   }
   if ((config == kConfigWgmma || config == kConfigWgmmaWs) && !wgmma_ok) return cudaErrorNotSupported;
-  if (smem_optin < config_smem_bytes(config)) return cudaErrorInvalidValue;
   // One CTA per SM fits (shared memory bound), so about one wave of work items.
   if (max_partials <= 0) max_partials = sms;
-  if (config == kConfigWgmma) fill_plan<ConfigWgmma>(batch, num_tokens, num_heads, max_partials, config, plan);
-  else if (config == kConfigWgmmaWs) fill_plan<ConfigWgmmaWs>(batch, num_tokens, num_heads, max_partials, config, plan);
-  else if (config == kConfigLarge) fill_plan<ConfigLarge>(batch, num_tokens, num_heads, max_partials, config, plan);
-  else if (config == kConfigSmallM32) fill_plan<ConfigSmallM32>(batch, num_tokens, num_heads, max_partials, config, plan);
-  else fill_plan<ConfigSmall>(batch, num_tokens, num_heads, max_partials, config, plan);
+  if (!with_config(config, [&](auto cfg, MainKernel) {
+        fill_plan<typename decltype(cfg)::type>(batch, num_tokens, num_heads, max_partials, config, plan);
+      }))
+    return cudaErrorInvalidValue;
+  // The plan names the config and its size even when the device cannot hold it (the caller's error).
+  if (smem_optin < plan->smem_bytes) return cudaErrorInvalidValue;
   plan->dependent_combine = major >= 9 ? 1 : 0;
   return cudaSuccess;
 }
 
 cudaError_t launch(const Args& args, const Plan& plan, cudaStream_t stream) {
-  if (plan.config == kConfigWgmmaWs)
-    return launch_impl<ConfigWgmmaWs>(args, plan, stream, verify_attention_wgmma_ws_kernel<ConfigWgmmaWs>);
-  if (plan.config == kConfigWgmma)
-    return launch_impl<ConfigWgmma>(args, plan, stream, verify_attention_wgmma_kernel<ConfigWgmma>);
-  if (plan.config == kConfigLarge)
-    return launch_impl<ConfigLarge>(args, plan, stream, verify_attention_kernel<ConfigLarge>);
-  if (plan.config == kConfigSmallM32)
-    return launch_impl<ConfigSmallM32>(args, plan, stream, verify_attention_kernel<ConfigSmallM32>);
-  return launch_impl<ConfigSmall>(args, plan, stream, verify_attention_kernel<ConfigSmall>);
+  cudaError_t e = cudaErrorInvalidValue;
+  with_config(plan.config, [&](auto cfg, MainKernel kernel) {
+    e = launch_impl<typename decltype(cfg)::type>(args, plan, stream, kernel);
+  });
+  return e;
 }
 
 const char* build_info() {

@@ -51,8 +51,9 @@ struct Plan {
   size_t workspace_bytes;
 };
 
-// Returns cudaErrorInvalidValue when the device cannot hold the requested configuration, and
-// cudaErrorNotSupported for kConfigWgmma / kConfigWgmmaWs without an sm_90a build or on a device
+// Returns cudaErrorInvalidValue when the device cannot hold the requested configuration (plan->config
+// and plan->smem_bytes then name the config, kConfigAuto resolved, and what it needs) or the id names
+// no config, and cudaErrorNotSupported for kConfigWgmma / kConfigWgmmaWs without an sm_90a build or on a device
 // other than cc 9.0. kConfigAuto picks wgmma-ws where it can run, else large where it fits, else
 // per call small-m32 or small (prefer_small_m32 in verify_attention.cuh). num_kv_indices: K, the
 // call's KV index count.
