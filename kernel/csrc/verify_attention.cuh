@@ -33,8 +33,10 @@ constexpr int kChunksPerRow = kQKDim * 2 / 16;  // 72 chunks of 16 bytes per KV 
 constexpr int kSmemRow = kQKDim + 8;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Tile configuration. kRowGroups x 16 rows per CTA, 2 warps per row group.
-template <int kRowGroups_, int kBlockN_, int kStages_, int kQKSets_ = 1>
+// Tile configuration. kRowGroups x 16 rows per CTA, kDimSplit warps per row group: each warp of a
+// row group computes QK over 576 / kDimSplit of the dims and owns 512 / kDimSplit of O's dims. With
+// 4 warps a row group, Q lives in registers (36 a thread) instead of shared memory.
+template <int kRowGroups_, int kBlockN_, int kStages_, int kQKSets_ = 1, int kDimSplit_ = 2>
 struct Config {
   static constexpr int kRowGroups = kRowGroups_;
   static constexpr int kBlockN = kBlockN_;  // keys per KV tile
@@ -43,15 +45,20 @@ struct Config {
   // half of the dims become kQKSets chains (kernel/NOTES.md, v23).
   static constexpr int kQKSets = kQKSets_;
   static constexpr int kMinSplitKeys = 64;  // a split holds at least this many keys (kernel/NOTES.md, v21)
+  static constexpr int kDimSplit = kDimSplit_;
+  static constexpr bool kQInRegisters = kDimSplit == 4;
   static constexpr int kM = 16 * kRowGroups;
-  static constexpr int kWarps = 2 * kRowGroups;
+  static constexpr int kWarps = kDimSplit * kRowGroups;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kKVBytes = (kM + kStages * kBlockN) * kSmemRow * 2;
+  static constexpr int kQSmemRows = kQInRegisters ? 0 : kM;
+  static constexpr int kKVBytes = (kQSmemRows + kStages * kBlockN) * kSmemRow * 2;
   // Each warp's partial S tile (16 rows x kBlockN keys, fp32, accumulator layout) for its pair.
   static constexpr int kExBytes = kWarps * kBlockN * 64;
   static constexpr int kSmemBytes = kKVBytes + kExBytes;
   static_assert(kBlockN % 16 == 0, "KV tile must be a multiple of the mma k-step");
   static_assert(kStages >= 2, "need at least double buffering");
+  static_assert(kDimSplit == 2 || kDimSplit == 4, "2 or 4 warps a row group");
+  static_assert((kQKDim / 16 / kDimSplit) % kQKSets == 0, "a warp's k-steps must divide among the sets");
 };
 
 // Large-shared-memory parts (sm_80, sm_90, sm_100: >= 160 KB per block).
@@ -62,7 +69,11 @@ using ConfigLarge = Config<4, 32, 2>;   // M=64, 8 warps, 162 KB
 // `small`, M=48, 6 warps, 2 stages, 97 KB: 1.5 warps an SM sub-partition and each KV tile used by
 // 48 rows; 10-16 % faster than M=32 where rows are many.
 // Three QK accumulator sets: -5 to -6 % against one on its loop-bound calls (v23).
+#ifdef VA_TS_RG
+using ConfigSmall = Config<VA_TS_RG, VA_TS_BN, VA_TS_ST, VA_TS_SETS, VA_TS_SPLIT>;
+#else
 using ConfigSmall = Config<3, 16, 2, 3>;
+#endif
 // `small-m32`, M=32, 4 warps, 3 stages, 95 KB: no padding tile and fewer splits a row where rows
 // are few; 8-13 % faster than M=48 on short calls of at most 128 rows.
 // Two QK accumulator sets: -6 % against one, 3 % better than three (v23).
@@ -176,9 +187,10 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "r"(smem_addr(p)));
 }
 
-// Barrier for the 64 threads of one warp pair (ids 1.. ; 0 is __syncthreads).
-__device__ __forceinline__ void pair_barrier(int pair) {
-  asm volatile("bar.sync %0, 64;\n" ::"r"(pair + 1));
+// Barrier for the kWarps warps of one row group (ids 1.. ; 0 is __syncthreads).
+template <int kWarps>
+__device__ __forceinline__ void group_barrier(int group) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(group + 1), "n"(kWarps * 32));
 }
 
 // D = A * B + D, m16n8k16, bf16 inputs, fp32 accumulators.
@@ -556,9 +568,9 @@ __device__ __forceinline__ float half_scale(float amax) {
 }
 
 // Writes one thread's share of a finished tile: rows r_lo and r_lo + 8 (accumulator layout),
-// dims dim0 + 8j (+1) for j < 32. l_lo / l_hi are the rows' full softmax denominators.
-template <int kM>
-__device__ __forceinline__ void store_rows(const Params& p, const WorkItem& w, const float (&o)[32][4],
+// dims dim0 + 8j (+1) for j < kTiles. l_lo / l_hi are the rows' full softmax denominators.
+template <int kM, int kTiles>
+__device__ __forceinline__ void store_rows(const Params& p, const WorkItem& w, const float (&o)[kTiles][4],
                                            float m_lo, float m_hi, float l_lo, float l_hi, int r_lo,
                                            int dim0, bool write_lse) {
   // A row that saw no key in this split (possible for a split of draft tokens only) has l == 0:
@@ -571,7 +583,7 @@ __device__ __forceinline__ void store_rows(const Params& p, const WorkItem& w, c
     __nv_bfloat16* out_lo = p.out + (w.q_row_base + r_lo) * kVDim + dim0;
     __nv_bfloat16* out_hi = out_lo + 8 * kVDim;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
+    for (int j = 0; j < kTiles; ++j) {
       if (ok_lo) *reinterpret_cast<uint32_t*>(out_lo + j * 8) = pack_bf16(o[j][0] * inv_lo, o[j][1] * inv_lo);
       if (ok_hi) *reinterpret_cast<uint32_t*>(out_hi + j * 8) = pack_bf16(o[j][2] * inv_hi, o[j][3] * inv_hi);
     }
@@ -584,7 +596,7 @@ __device__ __forceinline__ void store_rows(const Params& p, const WorkItem& w, c
     float* po_lo = p.partial_o + (static_cast<int64_t>(slot) * kM + r_lo) * kVDim + dim0;
     float* po_hi = po_lo + 8 * kVDim;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
+    for (int j = 0; j < kTiles; ++j) {
       if (ok_lo) *reinterpret_cast<float2*>(po_lo + j * 8) = make_float2(o[j][0] * inv_lo, o[j][1] * inv_lo);
       if (ok_hi) *reinterpret_cast<float2*>(po_hi + j * 8) = make_float2(o[j][2] * inv_hi, o[j][3] * inv_hi);
     }
@@ -617,8 +629,9 @@ __device__ __forceinline__ void wait_for_primary_grid() {
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Params p) {
   constexpr int kM = Cfg::kM, kBN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
-  constexpr int kHalfDims = kVDim / 2;   // output dims owned by one warp
-  constexpr int kOTiles = kHalfDims / 8; // n8 tiles of O per warp
+  constexpr int kSplit = Cfg::kDimSplit;     // warps a row group
+  constexpr int kPartDims = kVDim / kSplit;  // output dims owned by one warp
+  constexpr int kOTiles = kPartDims / 8;     // n8 tiles of O per warp
 
   const int item = blockIdx.x;
   allow_dependent_launch();  // the combine may launch (it waits for this grid before it reads)
@@ -627,12 +640,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   if (item >= s_plan.num_items) return;
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kM][kSmemRow]
-  __nv_bfloat16* sKV = sQ + kM * kSmemRow;                           // [kStages][kBN][kSmemRow]
+  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kQSmemRows][kSmemRow]
+  __nv_bfloat16* sKV = sQ + Cfg::kQSmemRows * kSmemRow;              // [kStages][kBN][kSmemRow]
   float* sEx = reinterpret_cast<float*>(smem_raw + Cfg::kKVBytes);  // [kWarps][kBN / 8][32 lanes][4]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int row_group = warp >> 1, half = warp & 1;
+  const int row_group = warp >> (kSplit / 2), part = warp & (kSplit - 1);  // kSplit: 2 or 4
   const int H = p.num_heads;
 
   // ---- which work item
@@ -641,14 +654,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   const int valid_rows = w.valid_rows;
   const int kv_begin = w.kv_begin, kv_end = w.kv_end;
 
-  // ---- Q tile -> shared memory (zero rows past the request's last row)
-  for (int c = tid; c < kM * kChunksPerRow; c += kThreads) {
-    const int r = c / kChunksPerRow, k = c % kChunksPerRow;
-    const bool ok = r < valid_rows;
-    const __nv_bfloat16* src = p.q + (ok ? (q_row_base + r) * kQKDim + k * 8 : 0);
-    cp_async_16(sQ + r * kSmemRow + k * 8, src, ok);
+  // ---- Q tile -> shared memory (zero rows past the request's last row), unless it lives in registers
+  if constexpr (!Cfg::kQInRegisters) {
+    for (int c = tid; c < kM * kChunksPerRow; c += kThreads) {
+      const int r = c / kChunksPerRow, k = c % kChunksPerRow;
+      const bool ok = r < valid_rows;
+      const __nv_bfloat16* src = p.q + (ok ? (q_row_base + r) * kQKDim + k * 8 : 0);
+      cp_async_16(sQ + r * kSmemRow + k * 8, src, ok);
+    }
+    cp_async_commit();
   }
-  cp_async_commit();
 
   // KV gather: kThreadsPerRow threads per row, each copying every kThreadsPerRow-th 16-byte chunk,
   // so a thread needs one slot index per tile. That index is fetched a whole tile ahead: its
@@ -693,6 +708,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
 
   const __nv_bfloat16* q_warp = sQ + (row_group * 16) * kSmemRow;
+  constexpr int kNT = kBN / 8;
+  constexpr int kWarpSteps = kQKDim / 16 / kSplit;  // this warp's k-steps of QK
+  constexpr int kSets = Cfg::kQKSets;
+  // Q in registers: this warp's k-steps as mma A fragments (rows g and g + 8, dims 2t.. and 2t + 8..
+  // of each k16 step; g = lane / 4, t = lane % 4), loaded once; zero past the request's last row.
+  uint32_t qf[Cfg::kQInRegisters ? kWarpSteps : 1][4];
+  if constexpr (Cfg::kQInRegisters) {
+    const int t = lane % 4;
+    const bool ok_lo = r_lo < valid_rows, ok_hi = r_lo + 8 < valid_rows;
+    const uint32_t* q_lo = reinterpret_cast<const uint32_t*>(p.q + (q_row_base + (ok_lo ? r_lo : 0)) * kQKDim);
+    const uint32_t* q_hi = reinterpret_cast<const uint32_t*>(p.q + (q_row_base + (ok_hi ? r_lo + 8 : 0)) * kQKDim);
+#pragma unroll
+    for (int k = 0; k < kWarpSteps; ++k) {
+      const int w0 = ((part * kWarpSteps + k) * 16 + 2 * t) / 2;  // 32-bit word of dims 2t, 2t + 1
+      qf[k][0] = ok_lo ? __ldg(q_lo + w0) : 0u;
+      qf[k][1] = ok_hi ? __ldg(q_hi + w0) : 0u;
+      qf[k][2] = ok_lo ? __ldg(q_lo + w0 + 4) : 0u;
+      qf[k][3] = ok_hi ? __ldg(q_hi + w0 + 4) : 0u;
+    }
+  }
 
   for (int tile = 0; tile < num_tiles; ++tile) {
     cp_async_wait<kStages - 2>();
@@ -709,22 +744,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     // each warp of the pair loads only its half of Q and of K, and the pair adds the two partial
     // S tiles through shared memory (kernel/NOTES.md, v23). kNT n8 tiles, each accumulated in
     // kQKSets sets over interleaved k-steps (chains of 18 / kQKSets dependent mma), added in order.
-    constexpr int kNT = kBN / 8;
-    constexpr int kSteps = kQKDim / 32;
-    constexpr int kSets = Cfg::kQKSets;
-    static_assert(kSteps % kSets == 0, "the 18 k-steps must divide among the accumulator sets");
     float accs[kSets][kNT][4];
 #pragma unroll
     for (int x = 0; x < kSets; ++x)
 #pragma unroll
       for (int j = 0; j < kNT; ++j) accs[x][j][0] = accs[x][j][1] = accs[x][j][2] = accs[x][j][3] = 0.f;
-#pragma unroll 2
-    for (int k0 = 0; k0 < kSteps; k0 += kSets) {
+#pragma unroll(Cfg::kQInRegisters ? kWarpSteps : 2)
+    for (int k0 = 0; k0 < kWarpSteps; k0 += kSets) {
 #pragma unroll
       for (int x = 0; x < kSets; ++x) {
-        const int kk = half * kSteps + k0 + x;
+        const int kk = part * kWarpSteps + k0 + x;
         uint32_t a[4];
-        ldmatrix_x4(a, q_warp + (lane % 16) * kSmemRow + kk * 16 + (lane / 16) * 8);
+        if constexpr (Cfg::kQInRegisters) {
+          a[0] = qf[k0 + x][0];
+          a[1] = qf[k0 + x][1];
+          a[2] = qf[k0 + x][2];
+          a[3] = qf[k0 + x][3];
+        } else {
+          ldmatrix_x4(a, q_warp + (lane % 16) * kSmemRow + kk * 16 + (lane / 16) * 8);
+        }
 #pragma unroll
         for (int j = 0; j < kNT; j += 2) {
           uint32_t bfrag[4];
@@ -746,23 +784,37 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
         for (int x = 1; x < kSets; ++x) v += accs[x][j][e];
         acc[j][e] = v;
       }
-    // The pair's two partial tiles have the same accumulator layout: lane l of either warp holds the
-    // same (row, key) entries. Own + other in both warps: IEEE addition commutes, so both warps get
-    // bitwise the same S. The slot is rewritten only after the next tile's __syncthreads, by which
-    // time the partner has read it.
+    // The row group's partial tiles have the same accumulator layout: lane l of every warp holds the
+    // same (row, key) entries. Every warp adds them in the same order (a pair: own + other, which
+    // IEEE addition makes the same in both), so all get bitwise the same S. The slot is rewritten
+    // only after the next tile's __syncthreads, by which time the group has read it.
 #pragma unroll
     for (int j = 0; j < kNT; ++j)
       *reinterpret_cast<float4*>(sEx + ((warp * kNT + j) * 32 + lane) * 4) =
           make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
-    pair_barrier(row_group);
+    group_barrier<kSplit>(row_group);
     float s[kNT][4];
 #pragma unroll
     for (int j = 0; j < kNT; ++j) {
-      const float4 other = *reinterpret_cast<const float4*>(sEx + (((warp ^ 1) * kNT + j) * 32 + lane) * 4);
-      s[j][0] = acc[j][0] + other.x;
-      s[j][1] = acc[j][1] + other.y;
-      s[j][2] = acc[j][2] + other.z;
-      s[j][3] = acc[j][3] + other.w;
+      if constexpr (kSplit == 2) {
+        const float4 other = *reinterpret_cast<const float4*>(sEx + (((warp ^ 1) * kNT + j) * 32 + lane) * 4);
+        s[j][0] = acc[j][0] + other.x;
+        s[j][1] = acc[j][1] + other.y;
+        s[j][2] = acc[j][2] + other.z;
+        s[j][3] = acc[j][3] + other.w;
+      } else {
+        // ((w0 + w1) + w2) + w3 over the group's warps, this warp's own term from registers.
+#pragma unroll
+        for (int x = 0; x < kSplit; ++x) {
+          float4 v = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+          if (x != part) v = *reinterpret_cast<const float4*>(sEx + (((row_group * kSplit + x) * kNT + j) * 32 + lane) * 4);
+          if (x == 0) {
+            s[j][0] = v.x, s[j][1] = v.y, s[j][2] = v.z, s[j][3] = v.w;
+          } else {
+            s[j][0] += v.x, s[j][1] += v.y, s[j][2] += v.z, s[j][3] += v.w;
+          }
+        }
+      }
     }
 
     // ---- scale, mask (only tiles that reach the split end or the draft tokens)
@@ -811,14 +863,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
       o[j][3] *= alpha_hi;
     }
 
-    // ---- O[:, half] += P V[:, half] over all kBN keys
+    // ---- O[:, part] += P V[:, part] over all kBN keys
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
 #pragma unroll
       for (int j = 0; j < kOTiles; j += 2) {
         uint32_t bfrag[4];
         const int key = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-        const int dim = half * kHalfDims + j * 8 + (lane / 16) * 8;
+        const int dim = part * kPartDims + j * 8 + (lane / 16) * 8;
         ldmatrix_x4_trans(bfrag, sK + key * kSmemRow + dim);
         mma_bf16(o[j], pa[kk], bfrag[0], bfrag[1]);
         mma_bf16(o[j + 1], pa[kk], bfrag[2], bfrag[3]);
@@ -829,8 +881,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
 
   // ---- finish: row sums across the quad (each warp of the pair holds the whole sum), write
   quad_sum(l_lo, l_hi);
-  static_assert(kOTiles == 32, "store_rows writes 32 n8 tiles per thread");
-  store_rows<kM>(p, w, o, m_lo, m_hi, l_lo, l_hi, r_lo, half * kHalfDims + (lane % 4) * 2, half == 0);
+  store_rows<kM>(p, w, o, m_lo, m_hi, l_lo, l_hi, r_lo, part * kPartDims + (lane % 4) * 2, part == 0);
 }
 
 // ---------------------------------------------------------------------------------------------
