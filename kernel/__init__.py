@@ -69,7 +69,7 @@ def verify_attention(
                           shared memory per block), "wgmma" (sm_90a, two warpgroups: M=64, 64-key
                           tiles, 226 KB), "large" (mma.sync, M=64, 162 KB: sm_80/sm_90/sm_100),
                           "small" (mma.sync, M=48, 97 KB: sm_120) or "small-m32" (mma.sync, M=32,
-                          95 KB: sm_120's shape for calls of few rows). On a part without the
+                          91 KB: sm_120's shape for calls of few rows). On a part without the
                           shared memory for "large", "auto" takes "small-m32" for calls of at most
                           32 rows (tokens x heads), or at most 128 rows with a short split (KV
                           indices x ceil(rows / 48) <= 384 x the SM count), else "small".

@@ -46,8 +46,8 @@ ARCH_CONFIGS = {
 # Each config's main kernel: (kernel name, template-argument tag) as they appear mangled.
 MAIN_KERNEL = {
     "large": ("verify_attention_kernel", "ConfigILi4ELi32ELi2E"),
-    "small": ("verify_attention_kernel", "ConfigILi3ELi16ELi2E"),
-    "small-m32": ("verify_attention_kernel", "ConfigILi2ELi16ELi3E"),
+    "small": ("verify_attention_kernel", "ConfigILi3ELi32ELi2ELi1ELi4E"),
+    "small-m32": ("verify_attention_kernel", "ConfigILi2ELi32ELi2ELi1ELi4E"),
     "wgmma": ("verify_attention_wgmma_kernel", "ConfigWgmmaE"),
     "wgmma-ws": ("verify_attention_wgmma_ws_kernel", "ConfigWgmmaWs"),
 }

@@ -214,8 +214,9 @@ const char* build_info() {
 #ifndef VA_HAVE_SM90A
          " [not in this build]"
 #endif
-         "; mma.sync m16n8k16 bf16: large M=64 BN=32 stages=2 (8 warps), small M=48 BN=16 stages=2 "
-         "(6 warps), small-m32 M=32 BN=16 stages=3 (4 warps)"
+         "; mma.sync m16n8k16 bf16: large M=64 BN=32 stages=2 (8 warps, 2 a row group), small M=48 "
+         "BN=32 stages=2 (12 warps, 4 a row group, Q in registers), small-m32 M=32 BN=32 stages=2 "
+         "(8 warps, 4 a row group, Q in registers)"
 #if VA_SMALL_SHAPE == 48
          " [auto: always small, VA_SMALL_SHAPE=48]"
 #elif VA_SMALL_SHAPE == 32

@@ -10,13 +10,15 @@
 //               1152-byte rows) and used for both QK (576 dims) and PV (first 512 dims).
 //   3. combine: merges the splits of each row in a fixed order (bitwise deterministic).
 //
-// Warp layout of the main kernel: warps come in pairs; both warps of a pair own the same 16 rows.
-// Each computes the partial S = Q K^T (mma.sync m16n8k16 bf16) of all the tile's keys over its
-// half of the 576 dims; the pair adds the two partials through shared memory, so both hold S,
-// and each warp keeps P in registers as the A operand of its P V over its half of V's 512 dims,
-// kept in registers (16 x 256 fp32 = 128 registers per thread). Splitting S's work between the
-// pair instead of computing it twice saved a third of the mma work (kernel/NOTES.md, v1 -> v2);
-// splitting its dims rather than its keys halves the Q and K each warp loads (v23).
+// Warp layout of the main kernel: warps come in row groups of 2 (`large`) or 4 (`small`,
+// `small-m32`); the warps of a group own the same 16 rows. Each computes the partial S = Q K^T
+// (mma.sync m16n8k16 bf16) of all the tile's keys over its share of the 576 dims; the group adds
+// the partials through shared memory, so all hold S, and each warp keeps P in registers as the A
+// operand of its P V over its share of V's 512 dims, kept in registers (16 x 256 fp32 = 128
+// registers a thread with 2 warps a group, 64 with 4). Splitting S's work in the group instead of
+// computing it in every warp saved a third of the mma work (kernel/NOTES.md, v1 -> v2); splitting
+// its dims rather than its keys cuts the Q and K each warp loads (v23); with 4 warps a group Q
+// lives in registers (36 a thread) and its shared memory holds larger KV tiles (v24).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -64,20 +66,16 @@ struct Config {
 // Large-shared-memory parts (sm_80, sm_90, sm_100: >= 160 KB per block).
 using ConfigLarge = Config<4, 32, 2>;   // M=64, 8 warps, 162 KB
 // sm_120 / sm_86 / sm_89: 99 KB per block, ~100 KB per SM. Two shapes, chosen per call
-// (make_plan, kernel/NOTES.md v21-v22; timed on the H200 through config="small" / "small-m32",
-// not on sm_120):
-// `small`, M=48, 6 warps, 2 stages, 97 KB: 1.5 warps an SM sub-partition and each KV tile used by
-// 48 rows; 10-16 % faster than M=32 where rows are many.
-// Three QK accumulator sets: -5 to -6 % against one on its loop-bound calls (v23).
-#ifdef VA_TS_RG
-using ConfigSmall = Config<VA_TS_RG, VA_TS_BN, VA_TS_ST, VA_TS_SETS, VA_TS_SPLIT>;
-#else
-using ConfigSmall = Config<3, 16, 2, 3>;
-#endif
-// `small-m32`, M=32, 4 warps, 3 stages, 95 KB: no padding tile and fewer splits a row where rows
-// are few; 8-13 % faster than M=48 on short calls of at most 128 rows.
-// Two QK accumulator sets: -6 % against one, 3 % better than three (v23).
-using ConfigSmallM32 = Config<2, 16, 3, 2>;
+// (make_plan, kernel/NOTES.md v21-v24; timed on the H200 through config="small" / "small-m32",
+// not on sm_120). Both have four warps a row group with Q in registers, which frees Q's shared
+// memory for 32-key tiles: 9-11 % faster than 16-key tiles with Q in shared memory where the loop
+// binds (v24).
+// `small`, M=48, 12 warps, 32-key tiles in 2 stages, 97 KB: each KV tile used by 48 rows; ~12 %
+// faster than M=32 where rows are many.
+using ConfigSmall = Config<3, 32, 2, 1, 4>;
+// `small-m32`, M=32, 8 warps, 32-key tiles in 2 stages, 91 KB: no padding tile and fewer splits a
+// row where rows are few.
+using ConfigSmallM32 = Config<2, 32, 2, 1, 4>;
 
 // small-m32 over small (kernel/NOTES.md, v22): where one M=32 tile holds every row (an M=48 tile
 // would compute a third or more of padding), or where rows are at most 128 and an M=48 split would
