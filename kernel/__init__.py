@@ -70,9 +70,11 @@ def verify_attention(
                           tiles, 226 KB), "large" (mma.sync, M=64, 162 KB: sm_80/sm_90/sm_100),
                           "small" (mma.sync, M=48, 97 KB: sm_120) or "small-m32" (mma.sync, M=32,
                           91 KB: sm_120's shape for calls of few rows). On a part without the
-                          shared memory for "large", "auto" takes "small-m32" for calls of at most
-                          128 rows (tokens x heads) where M=32 tiles pad fewer rows than M=48
-                          tiles (1-32, 49-64, 97-128 rows), else "small".
+                          shared memory for "large", "auto" takes "small-m32" or "small" per
+                          call: the one whose busiest SM has less work as the plan lays the call
+                          out (rows = tokens x heads, KV indices, the SM count; a row of M=32
+                          weighs 1.1 rows of M=48), e.g. M=32 for 128 rows (no padding) and for
+                          4096 rows on 132 SMs (128 tiles fill the GPU, 86 M=48 tiles do not).
 
     Returns:
         (out [N, H, 512] bf16, lse [N, H] fp32): lse is the natural log of each row's softmax
@@ -114,10 +116,8 @@ def planned_config(
     q: torch.Tensor, kv_indices: torch.Tensor, qo_indptr: torch.Tensor, config: str = "auto"
 ) -> str:
     """The tile config that ``verify_attention`` runs for these inputs on their device: what
-    ``config`` (default "auto") resolves to, from shapes only (no sync, nothing launched). It takes
-    the call's own tensors; the choice depends on the device and on q's and qo_indptr's shapes
-    (``kv_indices`` is accepted so that a call's arguments pass as they are). Raises ValueError for
-    an unknown name and RuntimeError when the device cannot run that config."""
+    ``config`` (default "auto") resolves to, from shapes only (no sync, nothing launched). Raises
+    ValueError for an unknown name and RuntimeError when the device cannot run that config."""
     config_id = _config_id(config)
     if qo_indptr.dim() != 1 or qo_indptr.numel() < 2:
         raise ValueError(f"qo_indptr must be 1-D [B+1] with B >= 1, got {tuple(qo_indptr.shape)}")
@@ -131,6 +131,7 @@ def planned_config(
         batch,
         q.shape[0],
         q.shape[1],
+        kv_indices.numel(),
         config_id,
     )
     if chosen < 0:

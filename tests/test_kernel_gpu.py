@@ -173,6 +173,20 @@ def test_every_config_runs_on_an_h100_h200_and_small_everywhere() -> None:
         assert gpu_configs() == TILE_CONFIGS
 
 
+def expected_small_shape(rows: int, keys: int, sms: int) -> str:
+    """`auto`'s choice on a 99 KB part (prefer_small_m32 in kernel/csrc/verify_attention.cuh): the
+    shape whose busiest SM has fewer row x key products, an M=32 row weighing 1.1 M=48 rows."""
+
+    def work(m: int, row_cost: float) -> float:
+        tiles = -(-rows // m)
+        if tiles >= sms:
+            return row_cost * m * keys * -(-tiles // sms)
+        splits = max(1, min(sms // tiles, -(-keys // 64)))
+        return row_cost * m * -(-keys // splits)
+
+    return "small-m32" if work(32, 1.1) < work(48, 1.0) else "small"
+
+
 def test_planned_config_names_what_each_call_runs() -> None:
     """kernel.planned_config resolves `config` as the call does: a forced config it can run is
     itself, one it cannot run raises, and `auto` is wgmma-ws on an H100/H200 or, on a 99 KB part,
@@ -196,8 +210,11 @@ def test_planned_config_names_what_each_call_runs() -> None:
         elif fits_shared_memory("large"):
             assert auto == "large"
         else:
-            few = rows <= 128 and math.ceil(rows / 32) * 32 < math.ceil(rows / 48) * 48
-            assert auto == ("small-m32" if few else "small"), (prefix, heads)
+            keys, sms = (
+                batch.kv_indices.numel(),
+                torch.cuda.get_device_properties(device).multi_processor_count,
+            )
+            assert auto == expected_small_shape(rows, keys, sms), (prefix, heads, sms)
 
 
 @pytest.mark.parametrize("config", CONFIGS)

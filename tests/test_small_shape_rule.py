@@ -20,30 +20,43 @@ def report_exe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_config_report(tmp_path_factory.mktemp("rule"))
 
 
-def choice(exe: Path, rows: int) -> str:
-    res = subprocess.run([str(exe), "rule", str(rows)], capture_output=True, text=True, check=True)
+def choice(exe: Path, rows: int, keys: int, sms: int) -> str:
+    res = subprocess.run(
+        [str(exe), "rule", str(rows), str(keys), str(sms)], capture_output=True, text=True, check=True
+    )
     return res.stdout.strip()
 
 
-# rows = tokens x heads -> the config `auto` takes. The H200 times of kernel/NOTES.md v24 (`small`
-# against `small-m32`, config forced, one process) are the reason for each side of the line.
+# (rows = tokens x heads, KV indices of the call, SMs) -> the config `auto` takes. The H200 times of
+# kernel/NOTES.md v24 (`small` against `small-m32`, config forced, one process) are the reason for
+# each 132-SM case; 188 is the RTX PRO 6000's SM count, 170 another sm_120 part's.
 CASES = [
-    (1, "small-m32"),
-    (32, "small-m32"),  # one M=32 tile; M=48 would be a third padding
-    (33, "small"),  # 2 M=32 tiles (64 rows) against one M=48 tile (48)
-    (48, "small"),
-    (64, "small-m32"),  # P=131k H=4 T=16: 140.5 against 181.6 us (M=48: 96 rows of which 32 padding)
-    (96, "small"),  # no padding either way: the larger tile
-    (128, "small-m32"),  # H=8 T=16: -6.5 % at P=8k ... -1.1 % at P=200k (M=48: 144 rows)
-    (129, "small"),
-    (256, "small"),  # H=16 T=16: a tie (P=4k -1.2 %, P=32k +1.0 % for M=32)
-    (1024, "small"),  # H=64 T=16: M=48 75.2 against 78.9 us at P=4k
+    ((128, 8208, 132), "small-m32"),  # P=8k H=8 T=16: 31.5 against 33.7 us (M=48: 144 rows)
+    ((128, 200016, 132), "small-m32"),  # P=200k H=8 T=16: 387.0 against 391.2 us
+    ((64, 131088, 132), "small-m32"),  # P=131k H=4 T=16: 140.5 against 181.6 us
+    ((32, 200016, 132), "small-m32"),  # one M=32 tile; M=48 would be a third padding
+    ((1, 17, 132), "small-m32"),
+    ((33, 200016, 132), "small"),  # 2 M=32 tiles (64 rows) against one M=48 tile
+    ((96, 65552, 132), "small"),  # no padding either way: the larger tile
+    ((256, 4112, 132), "small"),  # P=4k H=16 T=16: a tie (32.6 against 32.2 us)
+    ((256, 32784, 132), "small"),  # P=32k H=16 T=16: 139.6 against 141.0 us
+    ((512, 32832, 132), "small"),  # P=32k H=8 T=64: 241.4 against 266.8 us
+    ((1024, 4112, 132), "small"),  # P=4k H=64 T=16: 75.2 against 78.9 us
+    ((1024, 131136, 132), "small"),  # P=131k H=16 T=64: 1787 against 2005 us
+    (
+        (4096, 32832, 132),
+        "small-m32",
+    ),  # P=32k H=64 T=64: 1997 against 2687 us (128 tiles fill 132 SMs, 86 do not)
+    ((4096, 200064, 188), "small"),  # 188 SMs: 86 M=48 tiles split twice, 128 M=32 tiles once
+    ((4096, 200064, 170), "small-m32"),  # 170 SMs: neither splits; 128 tiles fill more of them
 ]
 
 
-@pytest.mark.parametrize(("rows", "expected"), CASES)
-def test_auto_takes_small_m32_where_it_pads_fewer_rows(report_exe: Path, rows: int, expected: str) -> None:
-    assert choice(report_exe, rows) == expected
+@pytest.mark.parametrize(("shape", "expected"), CASES)
+def test_auto_takes_the_shape_whose_busiest_sm_has_less_work(
+    report_exe: Path, shape: tuple[int, int, int], expected: str
+) -> None:
+    assert choice(report_exe, *shape) == expected
 
 
 def test_both_small_shapes_are_reported_with_their_sizes(report_exe: Path) -> None:
@@ -68,3 +81,18 @@ def test_planned_config_refuses_bad_arguments_by_name_before_any_build() -> None
         kernel.planned_config(q, idx, qo)
     with pytest.raises(ValueError, match="qo_indptr must be 1-D"):
         kernel.planned_config(q, idx, torch.tensor([0], dtype=torch.int32))
+
+
+def test_the_gpu_tests_mirror_of_the_rule_agrees_with_it(report_exe: Path) -> None:
+    """tests/test_kernel_gpu.py checks `auto` on a 99 KB part against a Python mirror of the rule;
+    the mirror and the host code must agree wherever they are asked."""
+    import random
+
+    from test_kernel_gpu import expected_small_shape
+
+    rng = random.Random(7)
+    for _ in range(120):
+        rows = rng.choice([rng.randint(1, 300), rng.randint(1, 9000)])
+        keys = rng.choice([rng.randint(1, 5000), rng.randint(1, 300000)])
+        sms = rng.choice([132, 170, 188, rng.randint(1, 200)])
+        assert choice(report_exe, rows, keys, sms) == expected_small_shape(rows, keys, sms), (rows, keys, sms)

@@ -161,7 +161,8 @@ std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& 
 
   va::Plan plan{};
   cudaError_t e = va::make_plan(device.index(), static_cast<int>(B), static_cast<int>(N), static_cast<int>(H),
-                                static_cast<int>(config), static_cast<int>(max_partials), &plan);
+                                static_cast<int>(kv_indices.numel()), static_cast<int>(config),
+                                static_cast<int>(max_partials), &plan);
   VA_CHECK(e != cudaErrorNotSupported, "config ", config, " (", kConfigNames[config],
            ") needs a compute capability 9.0 GPU (H100/H200) and a ",
            "build for sm_90a; this build ", va::wgmma_built() ? "has" : "lacks", " sm_90a code and ", device,
@@ -199,18 +200,18 @@ std::string build_info() { return va::build_info(); }
 // The tile config a call of these shapes runs (what `config` resolves to on this device): the
 // same make_plan as the call, so the two cannot disagree. Shapes only; nothing is launched.
 int64_t planned_config(int64_t device_index, int64_t batch, int64_t num_tokens, int64_t num_heads,
-                       int64_t config) {
+                       int64_t num_kv_indices, int64_t config) {
   check_config(config);
-  VA_CHECK(batch >= 1 && num_tokens >= batch && num_heads >= 1,
-           "planned_config needs batch >= 1, num_tokens >= batch, num_heads >= 1; got ", batch, ", ", num_tokens, ", ",
-           num_heads);
+  VA_CHECK(batch >= 1 && num_tokens >= batch && num_heads >= 1 && num_kv_indices >= 0,
+           "planned_config needs batch >= 1, num_tokens >= batch, num_heads >= 1, num_kv_indices >= 0; got ", batch,
+           ", ", num_tokens, ", ", num_heads, ", ", num_kv_indices);
   const int64_t int_max = std::numeric_limits<int32_t>::max();
-  VA_CHECK(num_tokens * num_heads <= int_max && batch <= int_max,
+  VA_CHECK(num_tokens * num_heads <= int_max && num_kv_indices <= int_max && batch <= int_max,
            "planned_config: sizes beyond the supported 2^31 - 1");
   va::Plan plan{};
   const cudaError_t e = va::make_plan(static_cast<int>(device_index), static_cast<int>(batch),
                                       static_cast<int>(num_tokens), static_cast<int>(num_heads),
-                                      static_cast<int>(config), 0, &plan);
+                                      static_cast<int>(num_kv_indices), static_cast<int>(config), 0, &plan);
   if (e == cudaErrorNotSupported || e == cudaErrorInvalidValue) return -1;  // this device cannot run it
   C10_CUDA_CHECK(e);
   return plan.config;
@@ -226,5 +227,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("build_info", &build_info, "kernel configuration and compiler");
   m.def("planned_config", &planned_config, "the tile config a call of these shapes runs on this device (-1: cannot run)",
         py::arg("device_index"), py::arg("batch"), py::arg("num_tokens"), py::arg("num_heads"),
-        py::arg("config") = 0);
+        py::arg("num_kv_indices"), py::arg("config") = 0);
 }

@@ -1,6 +1,6 @@
 // Host program: prints the tile configurations' launch resources as JSON (no GPU needed).
 //   config_report                    the configurations
-//   config_report rule ROWS           the config `auto` takes on a part that runs the mma.sync
+//   config_report rule ROWS KEYS SMS  the config `auto` takes on a part that runs the mma.sync
 //                                     kernels in 99 KB (sm_120): "small" or "small-m32"
 #include <cstdio>
 #include <cstdlib>
@@ -16,8 +16,8 @@ void print(const char* name, bool last) {
 }
 
 int main(int argc, char** argv) {
-  if (argc == 3 && std::strcmp(argv[1], "rule") == 0) {
-    const bool m32 = va::prefer_small_m32(std::atoll(argv[2]));
+  if (argc == 5 && std::strcmp(argv[1], "rule") == 0) {
+    const bool m32 = va::prefer_small_m32(std::atoll(argv[2]), std::atoll(argv[3]), std::atoi(argv[4]));
     std::printf("%s\n", m32 ? "small-m32" : "small");
     return 0;
   }

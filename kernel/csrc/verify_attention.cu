@@ -164,7 +164,7 @@ bool wgmma_built() {
 #endif
 }
 
-cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int config,
+cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int num_kv_indices, int config,
                       int max_partials, Plan* plan) {
   int smem_optin = 0, sms = 0, major = 0, minor = 0;
   cudaError_t e = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
@@ -180,7 +180,7 @@ cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int 
   if (config == kConfigAuto) {
     config = wgmma_ok && smem_optin >= ConfigWgmmaWs::kSmemBytes ? kConfigWgmmaWs
              : smem_optin >= ConfigLarge::kSmemBytes               ? kConfigLarge
-             : prefer_small_m32(static_cast<long long>(num_tokens) * num_heads)
+             : prefer_small_m32(static_cast<long long>(num_tokens) * num_heads, num_kv_indices, sms)
                  ? kConfigSmallM32
                  : kConfigSmall;
   }

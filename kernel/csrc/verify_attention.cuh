@@ -77,26 +77,40 @@ using ConfigSmall = Config<3, 32, 2, 1, 4>;
 // row where rows are few.
 using ConfigSmallM32 = Config<2, 32, 2, 1, 4>;
 
-// small-m32 over small (kernel/NOTES.md, v24): for calls of at most 128 rows where M=32 tiles
-// compute fewer padding rows than M=48 tiles (rows 1-32, 49-64, 97-128: e.g. 128 rows are 4 M=32
-// tiles against 3 M=48 tiles of 144 rows). There M=32 is 1-23 % faster at every prefix timed
-// (P=8k-200k); above 128 rows the M=48 tile's share of each KV tile wins or ties. Totals over the
-// batch: the host knows no request's own row count.
+// small-m32 over small (kernel/NOTES.md, v24): the shape whose busiest SM computes fewer row x key
+// products, a row of M=32 counted 1.1 times a row of M=48 (its loop costs 8-14 % more a row on the
+// H200 with both shapes at four warps a row group). As the plan lays the call out: ceil(rows / M)
+// row tiles; with fewer tiles than SMs each is split into up to SMs / tiles splits of at least
+// kMinSplitKeys keys, else unsplit in ceil(tiles / SMs) waves. So M=32 where it pads fewer rows
+// (e.g. 128 rows: 4 tiles against 3 of 144 rows) or fills more SMs (4096 rows on 132 SMs: 128
+// tiles against 86), M=48 where its tiles share each KV tile among more rows at the same fill.
+// Totals over the batch: the host knows no request's own lengths.
 // Build switch VA_SMALL_SHAPE: 0 this rule, 48 always small, 32 always small-m32 (the A/B bases
 // that time the rule on a box that runs these kernels).
 #ifndef VA_SMALL_SHAPE
 #define VA_SMALL_SHAPE 0
 #endif
 static_assert(VA_SMALL_SHAPE == 0 || VA_SMALL_SHAPE == 32 || VA_SMALL_SHAPE == 48, "VA_SMALL_SHAPE: 0, 32 or 48");
-inline bool prefer_small_m32(long long rows) {
+// Row x key products on the busiest SM for M-row tiles, a row weighted by row_cost.
+inline double busiest_sm_work(long long rows, long long keys, int sms, long long m, double row_cost) {
+  const long long tiles = (rows + m - 1) / m;
+  if (sms < 1) sms = 1;
+  if (tiles >= sms) return row_cost * m * keys * ((tiles + sms - 1) / sms);
+  const long long min_split = ConfigSmall::kMinSplitKeys;
+  long long splits = sms / tiles, most = (keys + min_split - 1) / min_split;
+  if (splits > most) splits = most;
+  if (splits < 1) splits = 1;
+  return row_cost * m * ((keys + splits - 1) / splits);
+}
+inline bool prefer_small_m32(long long rows, long long num_kv_indices, int sms) {
 #if VA_SMALL_SHAPE == 48
   return false;
 #elif VA_SMALL_SHAPE == 32
   return true;
 #else
-  constexpr long long kFewRows = 128, kM32 = ConfigSmallM32::kM, kM48 = ConfigSmall::kM;
-  if (rows > kFewRows) return false;
-  return (rows + kM32 - 1) / kM32 * kM32 < (rows + kM48 - 1) / kM48 * kM48;
+  static_assert(ConfigSmall::kMinSplitKeys == ConfigSmallM32::kMinSplitKeys, "one minimum split for both shapes");
+  return busiest_sm_work(rows, num_kv_indices, sms, ConfigSmallM32::kM, 1.1) <
+         busiest_sm_work(rows, num_kv_indices, sms, ConfigSmall::kM, 1.0);
 #endif
 }
 

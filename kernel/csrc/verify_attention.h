@@ -55,8 +55,9 @@ struct Plan {
 // and plan->smem_bytes then name the config, kConfigAuto resolved, and what it needs) or the id names
 // no config, and cudaErrorNotSupported for kConfigWgmma / kConfigWgmmaWs without an sm_90a build or on a device
 // other than cc 9.0. kConfigAuto picks wgmma-ws where it can run, else large where it fits, else
-// per call small-m32 or small (prefer_small_m32 in verify_attention.cuh, by the row count).
-cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int config,
+// per call small-m32 or small (prefer_small_m32 in verify_attention.cuh: rows, KV indices and the
+// SM count). num_kv_indices: K, the call's KV index count.
+cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int num_kv_indices, int config,
                       int max_partials, Plan* plan);
 cudaError_t launch(const Args& args, const Plan& plan, cudaStream_t stream);
 int config_smem_bytes(int config);
