@@ -150,12 +150,6 @@ bool with_config(int config, F&& f) {
 
 }  // namespace
 
-int config_smem_bytes(int config) {
-  int bytes = 0;
-  with_config(config, [&](auto cfg, MainKernel) { bytes = decltype(cfg)::type::kSmemBytes; });
-  return bytes;
-}
-
 bool wgmma_built() {
 #ifdef VA_HAVE_SM90A
   return true;

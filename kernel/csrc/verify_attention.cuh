@@ -43,8 +43,9 @@ struct Config {
   static constexpr int kRowGroups = kRowGroups_;
   static constexpr int kBlockN = kBlockN_;  // keys per KV tile
   static constexpr int kStages = kStages_;  // cp.async pipeline depth
-  // Accumulators per n8 tile of S over interleaved k-steps: QK's 18 dependent mma of a warp's
-  // half of the dims become kQKSets chains (kernel/NOTES.md, v23).
+  // Accumulators per n8 tile of S over interleaved k-steps: QK's 36 / kDimSplit dependent mma of a
+  // warp's share of the dims become kQKSets chains (kernel/NOTES.md, v23; one set with 4 warps a
+  // row group, v24).
   static constexpr int kQKSets = kQKSets_;
   static constexpr int kMinSplitKeys = 64;  // a split holds at least this many keys (kernel/NOTES.md, v21)
   static constexpr int kDimSplit = kDimSplit_;
@@ -54,7 +55,7 @@ struct Config {
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kQSmemRows = kQInRegisters ? 0 : kM;
   static constexpr int kKVBytes = (kQSmemRows + kStages * kBlockN) * kSmemRow * 2;
-  // Each warp's partial S tile (16 rows x kBlockN keys, fp32, accumulator layout) for its pair.
+  // Each warp's partial S tile (16 rows x kBlockN keys, fp32, accumulator layout) for its row group.
   static constexpr int kExBytes = kWarps * kBlockN * 64;
   static constexpr int kSmemBytes = kKVBytes + kExBytes;
   static_assert(kBlockN % 16 == 0, "KV tile must be a multiple of the mma k-step");
@@ -750,10 +751,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     }
     const __nv_bfloat16* sK = sKV + (tile % kStages) * kBN * kSmemRow;
 
-    // ---- S = Q K^T, all kBN keys of the tile, over this warp's half of the 576 dims (18 k-steps):
-    // each warp of the pair loads only its half of Q and of K, and the pair adds the two partial
-    // S tiles through shared memory (kernel/NOTES.md, v23). kNT n8 tiles, each accumulated in
-    // kQKSets sets over interleaved k-steps (chains of 18 / kQKSets dependent mma), added in order.
+    // ---- S = Q K^T, all kBN keys of the tile, over this warp's share of the 576 dims (kWarpSteps
+    // k-steps): each warp of the row group loads only its share of K (and of Q, unless Q is in
+    // registers), and the group adds the partial S tiles through shared memory (kernel/NOTES.md,
+    // v23-v24). kNT n8 tiles, each accumulated in kQKSets sets over interleaved k-steps (chains of
+    // kWarpSteps / kQKSets dependent mma), added in order.
     float accs[kSets][kNT][4];
 #pragma unroll
     for (int x = 0; x < kSets; ++x)
@@ -841,7 +843,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
       }
     }
 
-    // ---- online softmax over the whole tile in both warps of the pair (the same values in each)
+    // ---- online softmax over the whole tile in every warp of the group (the same values in each)
     float mx_lo = m_lo, mx_hi = m_hi;
 #pragma unroll
     for (int j = 0; j < kNT; ++j) {
@@ -889,7 +891,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   }
   cp_async_wait<0>();
 
-  // ---- finish: row sums across the quad (each warp of the pair holds the whole sum), write
+  // ---- finish: row sums across the quad (each warp of the group holds the whole sum), write
   quad_sum(l_lo, l_hi);
   store_rows<kM>(p, w, o, m_lo, m_hi, l_lo, l_hi, r_lo, part * kPartDims + (lane % 4) * 2, part == 0);
 }

@@ -60,7 +60,6 @@ struct Plan {
 cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int num_kv_indices, int config,
                       int max_partials, Plan* plan);
 cudaError_t launch(const Args& args, const Plan& plan, cudaStream_t stream);
-int config_smem_bytes(int config);
 bool wgmma_built();  // the build includes sm_90a code (the wgmma kernels)
 const char* build_info();
 
