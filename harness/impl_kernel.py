@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from types import ModuleType
 from typing import Any
@@ -84,3 +85,18 @@ register(
         device_kind="cuda",
     )
 )
+
+# sm_120's tile configs (the mma.sync kernels `auto` picks on a 99 KB part) forced, so that any GPU
+# that holds them (an H100/H200 runs wgmma-ws under `auto`) checks their parity and times them: the
+# `sm120` grid names these, parity runs every registered entry.
+FORCED_CONFIGS = ("small", "small-m32")
+for _config in FORCED_CONFIGS:
+    register(
+        Implementation(
+            name=f"{NAME}-{_config}",
+            description=f"this project's kernel with config={_config!r} forced (sm_120's path, on any GPU)",
+            availability=_availability,
+            prepare=functools.partial(prepare, config=_config),
+            device_kind="cuda",
+        )
+    )
