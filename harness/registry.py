@@ -1,4 +1,5 @@
-"""One registry of implementations: the kernel, the SGLang Triton baseline and the oracle.
+"""One registry of implementations: the kernel (as `auto` picks its config, and with each of sm_120's
+tile configs forced), the SGLang Triton baseline and the oracle.
 
 Each entry has the same call signature. ``prepare(batch)`` does every conversion an entry
 needs (tree packing, SGLang's mask layout, dtype casts) once, outside any timed region, and
