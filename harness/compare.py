@@ -1,7 +1,7 @@
 """Compare two runs: a verdict per case from the raw samples, and every parity regression.
 
     python -m harness compare BASE HEAD [--force] [--out DIR] [--min-change 0.03] [--impls a,b]
-    python -m harness compare --history reports/ [--gate-impls verify-attn-cuda]
+    python -m harness compare --history reports/ [--gate-impls 'verify-attn-cuda*']
 
 Each side is a ``results.json``, a report folder, or a git revision. A revision stands for its
 committed report under ``reports/``: the newest run (by ``created_utc``) of the same GPU model,
@@ -51,8 +51,8 @@ Like with like: BASE and HEAD of different GPU models or kinds are refused unles
 timings are compared only when both runs had a GPU (a CPU-only parity run compares parity only).
 
 Gated implementations: by default every SLOWER counts. ``--gate-impls a,b`` keeps every verdict
-in the table but counts timing regressions only for those implementations; the others are listed
-as "not gated". CI gates the history on the project's own kernel this way: the reference
+in the table but counts timing regressions only for those implementations (names, or shell
+patterns such as ``verify-attn-cuda*``); the others are listed as "not gated". CI gates the history on the project's own kernel this way: the reference
 implementations (SGLang's Triton kernel, the float64 oracle) do not change between our commits,
 so their timing changes measure the box, not the commit (two lent H200s of one model ran SGLang
 6 % apart). Parity regressions count for every implementation either way.
@@ -76,6 +76,7 @@ The terminal gets a table; an HTML diff is written atomically to ``--out``.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import html
 import json
 import math
@@ -410,12 +411,14 @@ class Comparison:
     parity: tuple[ParityVerdict, ...]
     notes: tuple[str, ...] = ()
     environment_diff: tuple[tuple[str, str, str], ...] = ()  # (field, base value, head value)
-    gated_impls: tuple[str, ...] | None = None  # timing regressions count only for these (None: all)
+    # timing regressions count only for implementations these names or shell patterns match
+    # (fnmatch, e.g. "verify-attn-cuda*"); None: all
+    gated_impls: tuple[str, ...] | None = None
     waived: tuple[tuple[str, str, str], ...] = ()  # (case_id, impl, mode) of waived SLOWER verdicts
     waiver_notes: tuple[str, ...] = ()  # each waiver used (reason, evidence) or with unused entries
 
     def _gated(self, v: TimingVerdict) -> bool:
-        return self.gated_impls is None or v.impl in self.gated_impls
+        return self.gated_impls is None or any(fnmatch.fnmatchcase(v.impl, g) for g in self.gated_impls)
 
     def is_waived(self, v: TimingVerdict) -> bool:
         return v.verdict == SLOWER and (v.case_id, v.impl, v.mode) in self.waived
@@ -1145,7 +1148,8 @@ def register_cli(sub: Any) -> None:
         "--gate-impls",
         type=_impl_list,
         default=None,
-        help="count timing regressions only for these implementations (a,b); all verdicts still shown",
+        help="count timing regressions only for these implementations (a,b; shell patterns such as "
+        "'verify-attn-cuda*' match names); all verdicts still shown",
     )
     p.add_argument(
         "--waivers",

@@ -732,6 +732,24 @@ def test_gate_impls_counts_only_the_gated_implementations_timing(
     )
 
 
+def test_gate_impls_takes_shell_patterns(tmp_path: Path, out_dir: Path) -> None:
+    """CI gates 'verify-attn-cuda*': every entry of the kernel (forced configs too), no reference."""
+    base = save(_two_impl_results(0.5, 10.0, seed=1), tmp_path / "a")
+    ref_slower = save(_two_impl_results(0.5, 11.0, seed=3), tmp_path / "b")
+    kernel_slower = save(_two_impl_results(0.55, 10.0, seed=5), tmp_path / "c")
+    assert (
+        run_cli(str(base), str(ref_slower), "--out", str(out_dir), "--gate-impls", "verify-attn-cuda*") == 0
+    )
+    assert (
+        run_cli(str(base), str(kernel_slower), "--out", str(out_dir), "--gate-impls", "verify-attn-cuda*")
+        == 1
+    )
+    assert (
+        run_cli(str(base), str(kernel_slower), "--out", str(out_dir), "--gate-impls", "verify-attn-cuda-*")
+        == 0
+    )
+
+
 def test_gate_impls_never_ungates_a_parity_regression(tmp_path: Path, out_dir: Path) -> None:
     base = save(_two_impl_results(0.5, 10.0, seed=1), tmp_path / "a")
     head = save(_two_impl_results(0.5, 10.0, seed=1, parity_status="fail"), tmp_path / "b")
