@@ -98,8 +98,11 @@ constexpr const char* kConfigNames[] = {"auto", "large", "small", "wgmma", "wgmm
 constexpr int64_t kNumConfigs = sizeof(kConfigNames) / sizeof(kConfigNames[0]);
 
 void check_config(int64_t config) {
-  VA_CHECK(config >= 0 && config < kNumConfigs,
-           "config must be 0 (auto), 1 (large), 2 (small), 3 (wgmma), 4 (wgmma-ws) or 5 (small-m32), got ", config);
+  if (config >= 0 && config < kNumConfigs) return;
+  std::string known;
+  for (int64_t i = 0; i < kNumConfigs; ++i)
+    known += (i ? ", " : "") + std::to_string(i) + " (" + kConfigNames[i] + ")";
+  VA_CHECK(false, "config must be one of ", known, "; got ", config);
 }
 
 std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& kv_cache_in,
