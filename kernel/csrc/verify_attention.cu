@@ -209,8 +209,8 @@ const char* build_info() {
          " [not in this build]"
 #endif
          "; mma.sync m16n8k16 bf16: large M=64 BN=32 stages=2 (8 warps, 2 a row group), small M=48 "
-         "BN=32 stages=2 (12 warps, 4 a row group, Q in registers), small-m32 M=32 BN=32 stages=2 "
-         "(8 warps, 4 a row group, Q in registers)"
+         "BN=32 stages=2 (12 warps, 4 a row group: Q in registers, one softmax a group), small-m32 M=32 "
+         "BN=32 stages=2 (8 warps, 4 a row group: Q in registers, one softmax a group)"
 #if VA_SMALL_SHAPE == 48
          " [auto: always small, VA_SMALL_SHAPE=48]"
 #elif VA_SMALL_SHAPE == 32

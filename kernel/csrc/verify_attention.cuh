@@ -13,12 +13,13 @@
 // Warp layout of the main kernel: warps come in row groups of 2 (`large`) or 4 (`small`,
 // `small-m32`); the warps of a group own the same 16 rows. Each computes the partial S = Q K^T
 // (mma.sync m16n8k16 bf16) of all the tile's keys over its share of the 576 dims; the group adds
-// the partials through shared memory, so all hold S, and each warp keeps P in registers as the A
-// operand of its P V over its share of V's 512 dims, kept in registers (16 x 256 fp32 = 128
-// registers a thread with 2 warps a group, 64 with 4). Splitting S's work in the group instead of
-// computing it in every warp saved a third of the mma work (kernel/NOTES.md, v1 -> v2); splitting
-// its dims rather than its keys cuts the Q and K each warp loads (v23); with 4 warps a group Q
-// lives in registers (36 a thread) and its shared memory holds larger KV tiles (v24).
+// the partials through shared memory, and each warp holds P in registers as the A operand of its
+// P V over its share of V's 512 dims, kept in registers (16 x 256 fp32 = 128 registers a thread
+// with 2 warps a group, 64 with 4). Splitting S's work in the group instead of computing it in
+// every warp saved a third of the mma work (kernel/NOTES.md, v1 -> v2); splitting its dims rather
+// than its keys cuts the Q and K each warp loads (v23); with 4 warps a group Q lives in registers
+// (36 a thread) and its shared memory holds larger KV tiles (v24), and each warp computes the
+// softmax of a quarter of the tile's keys, the group trading the row maxima and P (v25).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -58,6 +59,9 @@ struct Config {
   // Each warp's partial S tile (16 rows x kBlockN keys, fp32, accumulator layout) for its row group.
   static constexpr int kExBytes = kWarps * kBlockN * 64;
   static constexpr int kSmemBytes = kKVBytes + kExBytes;
+  // With 4 warps a row group each warp computes the softmax of its share of S's n8 tiles; the group
+  // trades the row maxima and P through the exchange (kernel/NOTES.md, v25).
+  static constexpr bool kSoftmaxShared = kDimSplit == 4;
   static_assert(kBlockN % 16 == 0, "KV tile must be a multiple of the mma k-step");
   static_assert(kStages >= 2, "need at least double buffering");
   static_assert(kDimSplit == 2 || kDimSplit == 4, "2 or 4 warps a row group");
@@ -797,76 +801,147 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
         acc[j][e] = v;
       }
     // The row group's partial tiles have the same accumulator layout: lane l of every warp holds the
-    // same (row, key) entries. Every warp adds them in the same order (a pair: own + other, which
-    // IEEE addition makes the same in both), so all get bitwise the same S. The slot is rewritten
-    // only after the next tile's __syncthreads, by which time the group has read it.
+    // same (row, key) entries. With two warps a group each adds the other's to its own (IEEE addition
+    // makes own + other the same in both), so both hold bitwise the same S; with four, each n8 tile
+    // is added by one warp. The slot is rewritten only after the next tile's __syncthreads, by which
+    // time the group has read it.
 #pragma unroll
     for (int j = 0; j < kNT; ++j)
       *reinterpret_cast<float4*>(sEx + ((warp * kNT + j) * 32 + lane) * 4) =
           make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
     group_barrier<kSplit>(row_group);
-    float s[kNT][4];
+    float alpha_lo, alpha_hi;
+    // P stays in registers: the accumulator layout of two n8 tiles is the A operand of one k16 step.
+    uint32_t pa[kBN / 16][4];
+    if constexpr (Cfg::kSoftmaxShared) {
+      // ---- the softmax once a row group (kernel/NOTES.md, v25): this warp adds the partials of its
+      // kOwn n8 tiles of S only, in the fixed order ((w0 + w1) + w2) + w3, and computes their scale,
+      // mask, row maxima and exponentials; the group trades the maxima (so all hold the same running
+      // max and rescale factor) and then P as bf16. Both go through this warp's own partial-S slots
+      // of its tiles, which no warp reads as a partial (this warp's own term comes from its
+      // registers): the maxima in the first slot's .xy, before a group barrier, P in each slot's .zw,
+      // after it and before a second one. Every lane writes its own location, so the quad's copies
+      // of a row's max are all there.
+      constexpr int kOwn = kNT / kSplit;
+      static_assert(kNT % kSplit == 0, "each warp of a row group owns whole n8 tiles of S");
+      auto slot = [&](int x, int j) { return sEx + (((row_group * kSplit + x) * kNT + j) * 32 + lane) * 4; };
+      float s[kOwn][4];
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      if constexpr (kSplit == 2) {
+      for (int i = 0; i < kOwn; ++i) {
+        // This warp's own term from registers: acc[part * kOwn + i] picked by selects (an index that
+        // depends on the warp would put acc in local memory), the other three from shared memory.
+        float4 own = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+#pragma unroll
+        for (int x = 1; x < kSplit; ++x) {
+          const int j = x * kOwn + i;
+          if (part == x) own = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+        }
+#pragma unroll
+        for (int x = 0; x < kSplit; ++x) {
+          const float4 v = x == part ? own : *reinterpret_cast<const float4*>(slot(x, part * kOwn + i));
+          if (x == 0) {
+            s[i][0] = v.x, s[i][1] = v.y, s[i][2] = v.z, s[i][3] = v.w;
+          } else {
+            s[i][0] += v.x, s[i][1] += v.y, s[i][2] += v.z, s[i][3] += v.w;
+          }
+        }
+      }
+      // ---- scale, mask (only tiles that reach the split end or the draft tokens), row maxima
+      const int pos0 = kv_begin + tile * kBN;
+      const bool needs_mask = tile_needs_mask(w, pos0, kBN);
+      float mx_lo = m_lo, mx_hi = m_hi;
+#pragma unroll
+      for (int i = 0; i < kOwn; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float v = s[i][e] * p.scale_log2;
+          const int key = (part * kOwn + i) * 8 + (lane % 4) * 2 + (e & 1);
+          if (needs_mask && !key_visible(w, pos0 + key, (e < 2) ? tok_lo : tok_hi)) v = -INFINITY;
+          s[i][e] = v;
+        }
+        mx_lo = fmaxf(mx_lo, fmaxf(s[i][0], s[i][1]));
+        mx_hi = fmaxf(mx_hi, fmaxf(s[i][2], s[i][3]));
+      }
+      quad_max(mx_lo, mx_hi);
+      *reinterpret_cast<float2*>(slot(part, part * kOwn)) = make_float2(mx_lo, mx_hi);
+      group_barrier<kSplit>(row_group);
+#pragma unroll
+      for (int x = 0; x < kSplit; ++x) {
+        const float2 v = *reinterpret_cast<const float2*>(slot(x, x * kOwn));
+        mx_lo = fmaxf(mx_lo, v.x);
+        mx_hi = fmaxf(mx_hi, v.y);
+      }
+      float ref_lo, ref_hi;
+      advance_max(m_lo, m_hi, mx_lo, mx_hi, ref_lo, ref_hi, alpha_lo, alpha_hi);
+      float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+      for (int i = 0; i < kOwn; ++i) {
+        const float p0 = fast_exp2(s[i][0] - ref_lo), p1 = fast_exp2(s[i][1] - ref_lo);
+        const float p2 = fast_exp2(s[i][2] - ref_hi), p3 = fast_exp2(s[i][3] - ref_hi);
+        sum_lo += p0 + p1;
+        sum_hi += p2 + p3;
+        *reinterpret_cast<uint2*>(slot(part, part * kOwn + i) + 2) = make_uint2(pack_bf16(p0, p1), pack_bf16(p2, p3));
+      }
+      // This warp's keys only: the group's four row sums are added once, after the last tile.
+      l_lo = l_lo * alpha_lo + sum_lo;
+      l_hi = l_hi * alpha_hi + sum_hi;
+      group_barrier<kSplit>(row_group);
+#pragma unroll
+      for (int x = 0; x < kSplit; ++x)
+#pragma unroll
+        for (int i = 0; i < kOwn; ++i) {
+          const int j = x * kOwn + i;
+          const uint2 v = *reinterpret_cast<const uint2*>(slot(x, j) + 2);
+          pa[j / 2][(j % 2) * 2] = v.x;
+          pa[j / 2][(j % 2) * 2 + 1] = v.y;
+        }
+    } else {
+      // ---- two warps a row group: S = own partial + the other's, the same sum in both warps
+      float s[kNT][4];
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
         const float4 other = *reinterpret_cast<const float4*>(sEx + (((warp ^ 1) * kNT + j) * 32 + lane) * 4);
         s[j][0] = acc[j][0] + other.x;
         s[j][1] = acc[j][1] + other.y;
         s[j][2] = acc[j][2] + other.z;
         s[j][3] = acc[j][3] + other.w;
-      } else {
-        // ((w0 + w1) + w2) + w3 over the group's warps, this warp's own term from registers.
+      }
+      // ---- scale, mask (only tiles that reach the split end or the draft tokens)
+      const int pos0 = kv_begin + tile * kBN;
+      const bool needs_mask = tile_needs_mask(w, pos0, kBN);
 #pragma unroll
-        for (int x = 0; x < kSplit; ++x) {
-          float4 v = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
-          if (x != part) v = *reinterpret_cast<const float4*>(sEx + (((row_group * kSplit + x) * kNT + j) * 32 + lane) * 4);
-          if (x == 0) {
-            s[j][0] = v.x, s[j][1] = v.y, s[j][2] = v.z, s[j][3] = v.w;
-          } else {
-            s[j][0] += v.x, s[j][1] += v.y, s[j][2] += v.z, s[j][3] += v.w;
-          }
+      for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float v = s[j][e] * p.scale_log2;
+          if (needs_mask && !key_visible(w, pos0 + j * 8 + (lane % 4) * 2 + (e & 1), (e < 2) ? tok_lo : tok_hi))
+            v = -INFINITY;
+          s[j][e] = v;
         }
       }
-    }
-
-    // ---- scale, mask (only tiles that reach the split end or the draft tokens)
-    const int pos0 = kv_begin + tile * kBN;
-    const bool needs_mask = tile_needs_mask(w, pos0, kBN);
+      // ---- online softmax over the whole tile in every warp of the group (the same values in each)
+      float mx_lo = m_lo, mx_hi = m_hi;
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = s[j][e] * p.scale_log2;
-        if (needs_mask && !key_visible(w, pos0 + j * 8 + (lane % 4) * 2 + (e & 1), (e < 2) ? tok_lo : tok_hi))
-          v = -INFINITY;
-        s[j][e] = v;
+      for (int j = 0; j < kNT; ++j) {
+        mx_lo = fmaxf(mx_lo, fmaxf(s[j][0], s[j][1]));
+        mx_hi = fmaxf(mx_hi, fmaxf(s[j][2], s[j][3]));
       }
-    }
-
-    // ---- online softmax over the whole tile in every warp of the group (the same values in each)
-    float mx_lo = m_lo, mx_hi = m_hi;
+      quad_max(mx_lo, mx_hi);
+      float ref_lo, ref_hi;
+      advance_max(m_lo, m_hi, mx_lo, mx_hi, ref_lo, ref_hi, alpha_lo, alpha_hi);
+      float sum_lo = 0.f, sum_hi = 0.f;
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      mx_lo = fmaxf(mx_lo, fmaxf(s[j][0], s[j][1]));
-      mx_hi = fmaxf(mx_hi, fmaxf(s[j][2], s[j][3]));
+      for (int j = 0; j < kNT; ++j) {
+        const float p0 = fast_exp2(s[j][0] - ref_lo), p1 = fast_exp2(s[j][1] - ref_lo);
+        const float p2 = fast_exp2(s[j][2] - ref_hi), p3 = fast_exp2(s[j][3] - ref_hi);
+        sum_lo += p0 + p1;
+        sum_hi += p2 + p3;
+        pa[j / 2][(j % 2) * 2] = pack_bf16(p0, p1);
+        pa[j / 2][(j % 2) * 2 + 1] = pack_bf16(p2, p3);
+      }
+      l_lo = l_lo * alpha_lo + sum_lo;
+      l_hi = l_hi * alpha_hi + sum_hi;
     }
-    quad_max(mx_lo, mx_hi);
-    float ref_lo, ref_hi, alpha_lo, alpha_hi;
-    advance_max(m_lo, m_hi, mx_lo, mx_hi, ref_lo, ref_hi, alpha_lo, alpha_hi);
-    // P stays in registers: the accumulator layout of two n8 tiles is the A operand of one k16 step.
-    float sum_lo = 0.f, sum_hi = 0.f;
-    uint32_t pa[kBN / 16][4];
-#pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      const float p0 = fast_exp2(s[j][0] - ref_lo), p1 = fast_exp2(s[j][1] - ref_lo);
-      const float p2 = fast_exp2(s[j][2] - ref_hi), p3 = fast_exp2(s[j][3] - ref_hi);
-      sum_lo += p0 + p1;
-      sum_hi += p2 + p3;
-      pa[j / 2][(j % 2) * 2] = pack_bf16(p0, p1);
-      pa[j / 2][(j % 2) * 2 + 1] = pack_bf16(p2, p3);
-    }
-    l_lo = l_lo * alpha_lo + sum_lo;
-    l_hi = l_hi * alpha_hi + sum_hi;
 #pragma unroll
     for (int j = 0; j < kOTiles; ++j) {
       o[j][0] *= alpha_lo;
@@ -891,8 +966,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   }
   cp_async_wait<0>();
 
-  // ---- finish: row sums across the quad (each warp of the group holds the whole sum), write
+  // ---- finish: row sums across the quad (and, with the softmax shared, across the group), write
   quad_sum(l_lo, l_hi);
+  if constexpr (Cfg::kSoftmaxShared) {
+    // Each warp summed its own keys: the group's sums added in warp order, through the .xy of each
+    // warp's first own slot (last read, as the last tile's maxima, before that tile's P barrier).
+    constexpr int kOwn = kNT / kSplit;
+    auto slot = [&](int x) { return sEx + (((row_group * kSplit + x) * kNT + x * kOwn) * 32 + lane) * 4; };
+    *reinterpret_cast<float2*>(slot(part)) = make_float2(l_lo, l_hi);
+    group_barrier<kSplit>(row_group);
+    l_lo = l_hi = 0.f;
+#pragma unroll
+    for (int x = 0; x < kSplit; ++x) {
+      const float2 v = *reinterpret_cast<const float2*>(slot(x));
+      l_lo += v.x;
+      l_hi += v.y;
+    }
+  }
   store_rows<kM>(p, w, o, m_lo, m_hi, l_lo, l_hi, r_lo, part * kPartDims + (lane % 4) * 2, part == 0);
 }
 
