@@ -82,14 +82,17 @@ using ConfigSmall = Config<3, 32, 2, 1, 4>;
 // row where rows are few.
 using ConfigSmallM32 = Config<2, 32, 2, 1, 4>;
 
-// small-m32 over small (kernel/NOTES.md, v24): the shape whose busiest SM computes fewer row x key
-// products, a row of M=32 counted 1.1 times a row of M=48 (its loop costs 8-14 % more a row on the
-// H200 with both shapes at four warps a row group). As the plan lays the call out: ceil(rows / M)
+// small-m32 over small (kernel/NOTES.md, v24, refitted in v25): the shape whose busiest SM computes
+// fewer row x key products, a row of M=32 counted kM32RowCost times a row of M=48 (its loop costs
+// more a row: fitted to the H200's times of both shapes on the sm120 grid's loop-bound calls at
+// 128, 256 and 4096 rows, which give 1.17 alike). As the plan lays the call out: ceil(rows / M)
 // row tiles; with fewer tiles than SMs each is split into up to SMs / tiles splits of at least
-// kMinSplitKeys keys, else unsplit in ceil(tiles / SMs) waves. So M=32 where it pads fewer rows
-// (e.g. 128 rows: 4 tiles against 3 of 144 rows) or fills more SMs (4096 rows on 132 SMs: 128
-// tiles against 86), M=48 where its tiles share each KV tile among more rows at the same fill.
-// Totals over the batch: the host knows no request's own lengths.
+// kMinSplitKeys keys, else unsplit in ceil(tiles / SMs) waves. So M=32 where it pads far fewer rows
+// (e.g. 64 rows: 2 tiles either way, M=48's a third padding) or fills more SMs (4096 rows on 132
+// SMs: 128 tiles against 86), M=48 where its tiles share each KV tile among more rows at the same
+// fill. Totals over the batch: the host knows no request's own lengths. Fixed costs are not in the
+// model: on short calls (P=4k) the pick can be the slower shape by a microsecond or two.
+constexpr double kM32RowCost = 1.17;
 // Build switch VA_SMALL_SHAPE: 0 this rule, 48 always small, 32 always small-m32 (the A/B bases
 // that time the rule on a box that runs these kernels).
 #ifndef VA_SMALL_SHAPE
@@ -114,7 +117,7 @@ inline bool prefer_small_m32(long long rows, long long num_kv_indices, int sms) 
   return true;
 #else
   static_assert(ConfigSmall::kMinSplitKeys == ConfigSmallM32::kMinSplitKeys, "one minimum split for both shapes");
-  return busiest_sm_work(rows, num_kv_indices, sms, ConfigSmallM32::kM, 1.1) <
+  return busiest_sm_work(rows, num_kv_indices, sms, ConfigSmallM32::kM, kM32RowCost) <
          busiest_sm_work(rows, num_kv_indices, sms, ConfigSmall::kM, 1.0);
 #endif
 }
