@@ -163,8 +163,26 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def results_text(doc: dict) -> str:
+    """results.json's text: one top-level key a line, and a list of rows (sweep, parity) one row a
+    line, each compact. A row's 200 samples then take one line, not 200: reports travel with the
+    tracked tree, which has a size limit, and a diff between two runs still reads row by row."""
+
+    def compact(value: object) -> str:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+    lines = []
+    for key, value in doc.items():
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            rows = ",\n".join("  " + compact(v) for v in value)
+            lines.append(f" {compact(key)}: [\n{rows}\n ]")
+        else:
+            lines.append(f" {compact(key)}: {compact(value)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
 def write_results(results: Results, path: Path) -> None:
-    atomic_write_text(Path(path), json.dumps(results.to_json(), indent=1, allow_nan=False) + "\n")
+    atomic_write_text(Path(path), results_text(results.to_json()))
 
 
 def load_results(path: Path) -> Results:

@@ -446,6 +446,33 @@ def test_cpu_sweep_results_stay_small_with_samples_at_four_significant_digits(cp
     assert samples and all(float(f"{s:.4g}") == s for s in samples)
 
 
+def test_cpu_sweep_results_json_has_one_line_a_row(cpu_sweep: dict) -> None:
+    """Each sweep row (samples included) is one compact line, and the text loads back to the same
+    document the run holds."""
+    text = (cpu_sweep["out"] / "results.json").read_text()
+    doc = json.loads(text)
+    assert doc == json.loads(json.dumps(cpu_sweep["results"].to_json()))
+    row_lines = [line for line in text.splitlines() if line.startswith('  {"case_id":')]
+    assert len(row_lines) == len(doc["sweep"]) > 1
+    assert len(text.splitlines()) < len(doc) + len(doc["sweep"]) + 8
+
+
+def test_results_text_refuses_nan_and_keeps_every_key_in_order() -> None:
+    from harness.results import results_text
+
+    doc = {
+        "schema": "s",
+        "rows": [{"a": 1, "b": [1.5, 2]}, {"a": 2, "b": []}],
+        "empty": [],
+        "env": {"x": None},
+    }
+    text = results_text(doc)
+    assert json.loads(text) == doc and list(json.loads(text)) == list(doc)
+    assert text.splitlines()[3:5] == ['  {"a":1,"b":[1.5,2]},', '  {"a":2,"b":[]}']
+    with pytest.raises(ValueError):
+        results_text({"rows": [{"x": float("nan")}]})
+
+
 def test_cpu_sweep_notes_what_the_cpu_cannot_measure(cpu_sweep: dict) -> None:
     notes = " | ".join(cpu_sweep["results"].notes)
     assert "graph mode needs a CUDA device" in notes
