@@ -667,7 +667,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   const int H = p.num_heads;
 
   // ---- which work item
+#ifdef VA_MMA_V25
   const WorkItem w = decode_item<kM>(p, s_plan, item);
+#else
+  // In shared memory, read where used (the masked tiles, the store): registers stay free for the
+  // loop (`small` runs at the 168 a thread that 384 threads allow).
+  __shared__ WorkItem s_item;
+  if (tid == 0) s_item = decode_item<kM>(p, s_plan, item);
+  __syncthreads();
+  const WorkItem& w = s_item;
+#endif
   const int64_t q_row_base = w.q_row_base;
   const int valid_rows = w.valid_rows;
   const int kv_begin = w.kv_begin, kv_end = w.kv_end;
@@ -814,6 +823,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
           make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
     group_barrier<kSplit>(row_group);
     float alpha_lo, alpha_hi;
+    bool rescale = true;  // false: every row's alpha is 1 (the threshold's common tile)
     // P stays in registers: the accumulator layout of two n8 tiles is the A operand of one k16 step.
     uint32_t pa[kBN / 16][4];
     if constexpr (Cfg::kSoftmaxShared) {
@@ -866,6 +876,83 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
         mx_hi = fmaxf(mx_hi, fmaxf(s[i][2], s[i][3]));
       }
       quad_max(mx_lo, mx_hi);
+#ifndef VA_MMA_V25
+      // The reference max moves only when a row max passes it by more than the threshold (the
+      // wgmma-ws rule, v12): P against the current reference, with a flag (did a row of this warp
+      // pass?) in the sign bit of its first word (P >= 0, so the bit is free); if no warp of the
+      // group raised it, P is final and alpha 1.
+      constexpr float kThr = 8.f;
+      constexpr uint32_t kFlag = 0x80000000u;
+      const bool passed = __any_sync(0xffffffffu, mx_lo > m_lo + kThr || mx_hi > m_hi + kThr);
+      float sum_lo = 0.f, sum_hi = 0.f;
+      {
+        const float ref_lo = m_lo == -INFINITY ? 0.f : m_lo, ref_hi = m_hi == -INFINITY ? 0.f : m_hi;
+#pragma unroll
+        for (int i = 0; i < kOwn; ++i) {
+          const float p0 = fast_exp2(s[i][0] - ref_lo), p1 = fast_exp2(s[i][1] - ref_lo);
+          const float p2 = fast_exp2(s[i][2] - ref_hi), p3 = fast_exp2(s[i][3] - ref_hi);
+          sum_lo += p0 + p1;
+          sum_hi += p2 + p3;
+          *reinterpret_cast<uint2*>(slot(part, part * kOwn + i)) =
+              make_uint2(pack_bf16(p0, p1) | (passed ? kFlag : 0u), pack_bf16(p2, p3));
+        }
+      }
+      group_barrier<kSplit>(row_group);
+      uint32_t flags = 0u;
+#pragma unroll
+      for (int x = 0; x < kSplit; ++x)
+#pragma unroll
+        for (int i = 0; i < kOwn; ++i) {
+          const int j = x * kOwn + i;
+          const uint2 v = *reinterpret_cast<const uint2*>(slot(x, j));
+          flags |= v.x;
+          pa[j / 2][(j % 2) * 2] = v.x & ~kFlag;
+          pa[j / 2][(j % 2) * 2 + 1] = v.y;
+        }
+      if (!(flags & kFlag)) {
+        l_lo += sum_lo;
+        l_hi += sum_hi;
+        rescale = false;
+      } else {
+        // The group trades its row maxima (in .zw), moves the reference of the rows that passed,
+        // and trades P again (in .xy: every warp read the first P before the maxima's barrier).
+        *reinterpret_cast<float2*>(slot(part, part * kOwn) + 2) = make_float2(mx_lo, mx_hi);
+        group_barrier<kSplit>(row_group);
+#pragma unroll
+        for (int x = 0; x < kSplit; ++x) {
+          const float2 v = *reinterpret_cast<const float2*>(slot(x, x * kOwn) + 2);
+          mx_lo = fmaxf(mx_lo, v.x);
+          mx_hi = fmaxf(mx_hi, v.y);
+        }
+        const bool up_lo = mx_lo > m_lo + kThr, up_hi = mx_hi > m_hi + kThr;
+        alpha_lo = up_lo ? fast_exp2(m_lo - mx_lo) : 1.f;
+        alpha_hi = up_hi ? fast_exp2(m_hi - mx_hi) : 1.f;
+        if (up_lo) m_lo = mx_lo;
+        if (up_hi) m_hi = mx_hi;
+        const float ref_lo = m_lo == -INFINITY ? 0.f : m_lo, ref_hi = m_hi == -INFINITY ? 0.f : m_hi;
+        sum_lo = sum_hi = 0.f;
+#pragma unroll
+        for (int i = 0; i < kOwn; ++i) {
+          const float p0 = fast_exp2(s[i][0] - ref_lo), p1 = fast_exp2(s[i][1] - ref_lo);
+          const float p2 = fast_exp2(s[i][2] - ref_hi), p3 = fast_exp2(s[i][3] - ref_hi);
+          sum_lo += p0 + p1;
+          sum_hi += p2 + p3;
+          *reinterpret_cast<uint2*>(slot(part, part * kOwn + i)) = make_uint2(pack_bf16(p0, p1), pack_bf16(p2, p3));
+        }
+        l_lo = l_lo * alpha_lo + sum_lo;
+        l_hi = l_hi * alpha_hi + sum_hi;
+        group_barrier<kSplit>(row_group);
+#pragma unroll
+        for (int x = 0; x < kSplit; ++x)
+#pragma unroll
+          for (int i = 0; i < kOwn; ++i) {
+            const int j = x * kOwn + i;
+            const uint2 v = *reinterpret_cast<const uint2*>(slot(x, j));
+            pa[j / 2][(j % 2) * 2] = v.x;
+            pa[j / 2][(j % 2) * 2 + 1] = v.y;
+          }
+      }
+#else
       *reinterpret_cast<float2*>(slot(part, part * kOwn)) = make_float2(mx_lo, mx_hi);
       group_barrier<kSplit>(row_group);
 #pragma unroll
@@ -898,6 +985,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
           pa[j / 2][(j % 2) * 2] = v.x;
           pa[j / 2][(j % 2) * 2 + 1] = v.y;
         }
+#endif
     } else {
       // ---- two warps a row group: S = own partial + the other's, the same sum in both warps
       float s[kNT][4];
@@ -945,6 +1033,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
       l_lo = l_lo * alpha_lo + sum_lo;
       l_hi = l_hi * alpha_hi + sum_hi;
     }
+    if (rescale)
 #pragma unroll
     for (int j = 0; j < kOTiles; ++j) {
       o[j][0] *= alpha_lo;
@@ -976,6 +1065,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     // warp's first own slot (last read, as the last tile's maxima, before that tile's P barrier).
     constexpr int kOwn = kNT / kSplit;
     auto slot = [&](int x) { return sEx + (((row_group * kSplit + x) * kNT + x * kOwn) * 32 + lane) * 4; };
+#ifndef VA_MMA_V25
+    group_barrier<kSplit>(row_group);  // the last tile's P may be read from .xy until here
+#endif
     *reinterpret_cast<float2*>(slot(part)) = make_float2(l_lo, l_hi);
     group_barrier<kSplit>(row_group);
     l_lo = l_hi = 0.f;
