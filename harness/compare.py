@@ -296,6 +296,15 @@ def _because(text: str, reason: str) -> str:
     return f"{text}: {reason}" if reason else text
 
 
+def mutants_caught_nowhere(rows: Iterable[ParityRow]) -> set[str]:
+    """Mutation controls that fail parity on no bundle of a run (DESIGN: each must fail on one)."""
+    seen: dict[str, bool] = {}
+    for r in rows:
+        if r.impl.startswith(MUTANT_PREFIX):
+            seen[r.impl] = seen.get(r.impl, False) or _fails(r)
+    return {impl for impl, caught in seen.items() if not caught}
+
+
 def parity_verdict(base: ParityRow | None, head: ParityRow | None) -> ParityVerdict:
     """Verdict for one (bundle, impl) parity row present on at least one side."""
     row = head if head is not None else base
@@ -307,8 +316,11 @@ def parity_verdict(base: ParityRow | None, head: ParityRow | None) -> ParityVerd
         return ParityVerdict(bundle, impl, verdict, reason, regression, base, head)
 
     if impl.startswith(MUTANT_PREFIX):
-        # A mutation control must fail; passing means parity lost the power to see that bug.
-        if head is not None and head.status == "pass" and (base is None or base.status != "pass"):
+        # A mutation control that BASE caught on this bundle and HEAD does not: parity lost the power
+        # to see that bug here. (A mutant must fail on at least one bundle, not on each: some bundles
+        # cannot show some mutations, e.g. a causal mask on a chain tree. `mutants_caught_nowhere`
+        # checks the whole contract on HEAD.)
+        if head is not None and head.status == "pass" and base is not None and _fails(base):
             return make(REGRESSED, "mutation control passes: parity no longer detects this mutation", True)
     else:
         if head is not None and _fails(head) and (base is None or not _fails(base)):
@@ -536,6 +548,13 @@ def compare_results(
     bp = _index((r for r in base.results.parity if keep(r.impl)), pkey, "BASE")
     hp = _index((r for r in head.results.parity if keep(r.impl)), pkey, "HEAD")
     parity = tuple(parity_verdict(bp.get(k), hp.get(k)) for k in _ordered_keys(bp, hp))
+    nowhere = mutants_caught_nowhere(hp.values())
+    parity = tuple(
+        replace(v, verdict=REGRESSED, reason="mutation control caught on no bundle in HEAD", regression=True)
+        if v.impl in nowhere and v.head is not None
+        else v
+        for v in parity
+    )
 
     timing: list[TimingVerdict] = []
     if "cpu" in (base.key.gpu_model, head.key.gpu_model):

@@ -242,6 +242,45 @@ def test_mutation_control_that_starts_passing_is_a_regression() -> None:
     ).regression
 
 
+def test_a_mutant_new_in_head_may_pass_on_a_bundle_that_cannot_show_it() -> None:
+    """A run with --mutations against one without: the causal-mask mutant passes on a bundle whose
+    tree is a chain and fails elsewhere, which is what DESIGN asks (one bundle at least)."""
+    mutant = "mutant:causal-mask"
+    base = make_results(kind="parity", parity=[parity_row("smoke", "pass"), parity_row("ragged", "pass")])
+    head = make_results(
+        kind="parity",
+        parity=[
+            parity_row("smoke", "pass"),
+            parity_row("ragged", "pass"),
+            parity_row("smoke", "pass", impl=mutant),
+            parity_row("ragged", "fail", impl=mutant),
+        ],
+    )
+    c = compare.compare_results(compare.Side("a", base), compare.Side("b", head))
+    assert not any(v.regression for v in c.parity)
+    assert {(v.bundle, v.verdict) for v in c.parity if v.impl == mutant} == {
+        ("smoke", compare.HEAD_ONLY),
+        ("ragged", compare.HEAD_ONLY),
+    }
+
+
+def test_a_mutant_caught_on_no_bundle_is_a_regression_even_without_a_base_row() -> None:
+    mutant = "mutant:wrong-sm-scale"
+    base = make_results(kind="parity", parity=[parity_row("smoke", "pass")])
+    head = make_results(
+        kind="parity",
+        parity=[
+            parity_row("smoke", "pass"),
+            parity_row("smoke", "pass", impl=mutant),
+            parity_row("ragged", "pass", impl=mutant),
+        ],
+    )
+    c = compare.compare_results(compare.Side("a", base), compare.Side("b", head))
+    bad = [v for v in c.parity if v.regression]
+    assert {(v.bundle, v.impl) for v in bad} == {("smoke", mutant), ("ragged", mutant)}
+    assert all("caught on no bundle" in v.reason for v in bad)
+
+
 def test_parity_pass_to_unavailable_is_listed_but_does_not_gate() -> None:
     v = compare.parity_verdict(
         parity_row("smoke", "pass"), parity_row("smoke", "unavailable", reason="sglang is not installed")
