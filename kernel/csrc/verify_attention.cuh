@@ -82,17 +82,17 @@ using ConfigSmall = Config<3, 32, 2, 1, 4>;
 // row where rows are few.
 using ConfigSmallM32 = Config<2, 32, 2, 1, 4>;
 
-// small-m32 over small (kernel/NOTES.md, v24, refitted in v25): the shape whose busiest SM computes
-// fewer row x key products, a row of M=32 counted kM32RowCost times a row of M=48 (its loop costs
-// more a row: fitted to the H200's times of both shapes on the sm120 grid's loop-bound calls at
-// 128, 256 and 4096 rows, which give 1.17 alike). As the plan lays the call out: ceil(rows / M)
-// row tiles; with fewer tiles than SMs each is split into up to SMs / tiles splits of at least
-// kMinSplitKeys keys, else unsplit in ceil(tiles / SMs) waves. So M=32 where it pads far fewer rows
-// (e.g. 64 rows: 2 tiles either way, M=48's a third padding) or fills more SMs (4096 rows on 132
+// small-m32 over small (kernel/NOTES.md, v24, refitted in v25 and v26): the shape whose busiest SM
+// computes fewer row x key products, a row of M=32 counted kM32RowCost times a row of M=48 (its loop
+// costs more a row). 1.1: on the H200's sm120 grid of v26's kernels every weight in [1.09, 1.125)
+// gives the picks that lose least (3 of 27 calls the slower shape, by 0.2-1.9 %); above 1.125 the
+// 128-row calls go to M=48, 15 % slower on the short one. As the plan lays the call out:
+// ceil(rows / M) row tiles; with fewer tiles than SMs each is split into up to SMs / tiles splits
+// of at least kMinSplitKeys keys, else unsplit in ceil(tiles / SMs) waves. So M=32 where it pads
+// fewer rows (e.g. 128 rows: 4 tiles against 3 of 144 rows) or fills more SMs (4096 rows on 132
 // SMs: 128 tiles against 86), M=48 where its tiles share each KV tile among more rows at the same
-// fill. Totals over the batch: the host knows no request's own lengths. Fixed costs are not in the
-// model: on short calls (P=4k) the pick can be the slower shape by a microsecond or two.
-constexpr double kM32RowCost = 1.17;
+// fill. Totals over the batch: the host knows no request's own lengths.
+constexpr double kM32RowCost = 1.1;
 // Build switch VA_SMALL_SHAPE: 0 this rule, 48 always small, 32 always small-m32 (the A/B bases
 // that time the rule on a box that runs these kernels).
 #ifndef VA_SMALL_SHAPE
@@ -667,16 +667,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   const int H = p.num_heads;
 
   // ---- which work item
-#ifdef VA_MMA_V25
-  const WorkItem w = decode_item<kM>(p, s_plan, item);
-#else
-  // In shared memory, read where used (the masked tiles, the store): registers stay free for the
-  // loop (`small` runs at the 168 a thread that 384 threads allow).
+  // With 4 warps a row group, in shared memory, read where used (the masked tiles, the store):
+  // registers stay free for the loop (`small` runs at the 168 a thread that 384 threads allow).
+  // `large` keeps it in registers, ~2 % faster there (kernel/NOTES.md, v26).
   __shared__ WorkItem s_item;
-  if (tid == 0) s_item = decode_item<kM>(p, s_plan, item);
-  __syncthreads();
-  const WorkItem& w = s_item;
-#endif
+  WorkItem w_local;
+  const WorkItem* wp = &w_local;
+  if constexpr (Cfg::kSoftmaxShared) {
+    if (tid == 0) s_item = decode_item<kM>(p, s_plan, item);
+    __syncthreads();
+    wp = &s_item;
+  } else {
+    w_local = decode_item<kM>(p, s_plan, item);
+  }
+  const WorkItem& w = *wp;
   const int64_t q_row_base = w.q_row_base;
   const int valid_rows = w.valid_rows;
   const int kv_begin = w.kv_begin, kv_end = w.kv_end;
@@ -876,7 +880,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
         mx_hi = fmaxf(mx_hi, fmaxf(s[i][2], s[i][3]));
       }
       quad_max(mx_lo, mx_hi);
-#ifndef VA_MMA_V25
       // The reference max moves only when a row max passes it by more than the threshold (the
       // wgmma-ws rule, v12): P against the current reference, with a flag (did a row of this warp
       // pass?) in the sign bit of its first word (P >= 0, so the bit is free); if no warp of the
@@ -952,40 +955,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
             pa[j / 2][(j % 2) * 2 + 1] = v.y;
           }
       }
-#else
-      *reinterpret_cast<float2*>(slot(part, part * kOwn)) = make_float2(mx_lo, mx_hi);
-      group_barrier<kSplit>(row_group);
-#pragma unroll
-      for (int x = 0; x < kSplit; ++x) {
-        const float2 v = *reinterpret_cast<const float2*>(slot(x, x * kOwn));
-        mx_lo = fmaxf(mx_lo, v.x);
-        mx_hi = fmaxf(mx_hi, v.y);
-      }
-      float ref_lo, ref_hi;
-      advance_max(m_lo, m_hi, mx_lo, mx_hi, ref_lo, ref_hi, alpha_lo, alpha_hi);
-      float sum_lo = 0.f, sum_hi = 0.f;
-#pragma unroll
-      for (int i = 0; i < kOwn; ++i) {
-        const float p0 = fast_exp2(s[i][0] - ref_lo), p1 = fast_exp2(s[i][1] - ref_lo);
-        const float p2 = fast_exp2(s[i][2] - ref_hi), p3 = fast_exp2(s[i][3] - ref_hi);
-        sum_lo += p0 + p1;
-        sum_hi += p2 + p3;
-        *reinterpret_cast<uint2*>(slot(part, part * kOwn + i) + 2) = make_uint2(pack_bf16(p0, p1), pack_bf16(p2, p3));
-      }
-      // This warp's keys only: the group's four row sums are added once, after the last tile.
-      l_lo = l_lo * alpha_lo + sum_lo;
-      l_hi = l_hi * alpha_hi + sum_hi;
-      group_barrier<kSplit>(row_group);
-#pragma unroll
-      for (int x = 0; x < kSplit; ++x)
-#pragma unroll
-        for (int i = 0; i < kOwn; ++i) {
-          const int j = x * kOwn + i;
-          const uint2 v = *reinterpret_cast<const uint2*>(slot(x, j) + 2);
-          pa[j / 2][(j % 2) * 2] = v.x;
-          pa[j / 2][(j % 2) * 2 + 1] = v.y;
-        }
-#endif
     } else {
       // ---- two warps a row group: S = own partial + the other's, the same sum in both warps
       float s[kNT][4];
@@ -1065,9 +1034,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     // warp's first own slot (last read, as the last tile's maxima, before that tile's P barrier).
     constexpr int kOwn = kNT / kSplit;
     auto slot = [&](int x) { return sEx + (((row_group * kSplit + x) * kNT + x * kOwn) * 32 + lane) * 4; };
-#ifndef VA_MMA_V25
     group_barrier<kSplit>(row_group);  // the last tile's P may be read from .xy until here
-#endif
     *reinterpret_cast<float2*>(slot(part)) = make_float2(l_lo, l_hi);
     group_barrier<kSplit>(row_group);
     l_lo = l_hi = 0.f;
