@@ -19,7 +19,8 @@
 // every warp saved a third of the mma work (kernel/NOTES.md, v1 -> v2); splitting its dims rather
 // than its keys cuts the Q and K each warp loads (v23); with 4 warps a group Q lives in registers
 // (36 a thread) and its shared memory holds larger KV tiles (v24), and each warp computes the
-// softmax of a quarter of the tile's keys, the group trading the row maxima and P (v25).
+// softmax of a quarter of the tile's keys, the group trading P, and the row maxima only on tiles
+// where one passes its reference by more than a threshold (v25-v26).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -60,7 +61,7 @@ struct Config {
   static constexpr int kExBytes = kWarps * kBlockN * 64;
   static constexpr int kSmemBytes = kKVBytes + kExBytes;
   // With 4 warps a row group each warp computes the softmax of its share of S's n8 tiles; the group
-  // trades the row maxima and P through the exchange (kernel/NOTES.md, v25).
+  // trades P (and the row maxima where they move) through the exchange (kernel/NOTES.md, v25-v26).
   static constexpr bool kSoftmaxShared = kDimSplit == 4;
   static_assert(kBlockN % 16 == 0, "KV tile must be a multiple of the mma k-step");
   static_assert(kStages >= 2, "need at least double buffering");
@@ -831,14 +832,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     // P stays in registers: the accumulator layout of two n8 tiles is the A operand of one k16 step.
     uint32_t pa[kBN / 16][4];
     if constexpr (Cfg::kSoftmaxShared) {
-      // ---- the softmax once a row group (kernel/NOTES.md, v25): this warp adds the partials of its
-      // kOwn n8 tiles of S only, in the fixed order ((w0 + w1) + w2) + w3, and computes their scale,
-      // mask, row maxima and exponentials; the group trades the maxima (so all hold the same running
-      // max and rescale factor) and then P as bf16. Both go through this warp's own partial-S slots
-      // of its tiles, which no warp reads as a partial (this warp's own term comes from its
-      // registers): the maxima in the first slot's .xy, before a group barrier, P in each slot's .zw,
-      // after it and before a second one. Every lane writes its own location, so the quad's copies
-      // of a row's max are all there.
+      // ---- the softmax once a row group (kernel/NOTES.md, v25-v26): this warp adds the partials of
+      // its kOwn n8 tiles of S only, in the fixed order ((w0 + w1) + w2) + w3, and computes their
+      // scale, mask, row maxima and exponentials; the group trades P as bf16 and, on the tiles where
+      // a row max passes its reference by more than the threshold, the maxima too (so all warps hold
+      // the same reference and rescale factor). All of it goes through this warp's own partial-S
+      // slots of its tiles, which no warp reads as a partial (this warp's own term comes from its
+      // registers), each lane its own location: P and the flag in .xy, the maxima in .zw.
       constexpr int kOwn = kNT / kSplit;
       static_assert(kNT % kSplit == 0, "each warp of a row group owns whole n8 tiles of S");
       auto slot = [&](int x, int j) { return sEx + (((row_group * kSplit + x) * kNT + j) * 32 + lane) * 4; };
@@ -886,33 +886,39 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
       // group raised it, P is final and alpha 1.
       constexpr float kThr = 8.f;
       constexpr uint32_t kFlag = 0x80000000u;
-      const bool passed = __any_sync(0xffffffffu, mx_lo > m_lo + kThr || mx_hi > m_hi + kThr);
-      float sum_lo = 0.f, sum_hi = 0.f;
-      {
-        const float ref_lo = m_lo == -INFINITY ? 0.f : m_lo, ref_hi = m_hi == -INFINITY ? 0.f : m_hi;
+      // This warp's P against the references, into .xy of its slots (the first word or'ed with
+      // `flag`), and its row sums; then every warp's P of the group into pa (`keep` masks the
+      // flag off), returning the or of the first words.
+      auto write_p = [&](float ref_lo, float ref_hi, uint32_t flag, float& sum_lo, float& sum_hi) {
+        sum_lo = sum_hi = 0.f;
 #pragma unroll
         for (int i = 0; i < kOwn; ++i) {
           const float p0 = fast_exp2(s[i][0] - ref_lo), p1 = fast_exp2(s[i][1] - ref_lo);
           const float p2 = fast_exp2(s[i][2] - ref_hi), p3 = fast_exp2(s[i][3] - ref_hi);
           sum_lo += p0 + p1;
           sum_hi += p2 + p3;
-          *reinterpret_cast<uint2*>(slot(part, part * kOwn + i)) =
-              make_uint2(pack_bf16(p0, p1) | (passed ? kFlag : 0u), pack_bf16(p2, p3));
+          *reinterpret_cast<uint2*>(slot(part, part * kOwn + i)) = make_uint2(pack_bf16(p0, p1) | flag, pack_bf16(p2, p3));
         }
-      }
+      };
+      auto read_p = [&](uint32_t keep) -> uint32_t {
+        uint32_t first = 0u;
+#pragma unroll
+        for (int x = 0; x < kSplit; ++x)
+#pragma unroll
+          for (int i = 0; i < kOwn; ++i) {
+            const int j = x * kOwn + i;
+            const uint2 v = *reinterpret_cast<const uint2*>(slot(x, j));
+            first |= v.x;
+            pa[j / 2][(j % 2) * 2] = v.x & keep;
+            pa[j / 2][(j % 2) * 2 + 1] = v.y;
+          }
+        return first;
+      };
+      const bool passed = __any_sync(0xffffffffu, mx_lo > m_lo + kThr || mx_hi > m_hi + kThr);
+      float sum_lo, sum_hi;
+      write_p(m_lo == -INFINITY ? 0.f : m_lo, m_hi == -INFINITY ? 0.f : m_hi, passed ? kFlag : 0u, sum_lo, sum_hi);
       group_barrier<kSplit>(row_group);
-      uint32_t flags = 0u;
-#pragma unroll
-      for (int x = 0; x < kSplit; ++x)
-#pragma unroll
-        for (int i = 0; i < kOwn; ++i) {
-          const int j = x * kOwn + i;
-          const uint2 v = *reinterpret_cast<const uint2*>(slot(x, j));
-          flags |= v.x;
-          pa[j / 2][(j % 2) * 2] = v.x & ~kFlag;
-          pa[j / 2][(j % 2) * 2 + 1] = v.y;
-        }
-      if (!(flags & kFlag)) {
+      if (!(read_p(~kFlag) & kFlag)) {
         l_lo += sum_lo;
         l_hi += sum_hi;
         rescale = false;
@@ -932,28 +938,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
         alpha_hi = up_hi ? fast_exp2(m_hi - mx_hi) : 1.f;
         if (up_lo) m_lo = mx_lo;
         if (up_hi) m_hi = mx_hi;
-        const float ref_lo = m_lo == -INFINITY ? 0.f : m_lo, ref_hi = m_hi == -INFINITY ? 0.f : m_hi;
-        sum_lo = sum_hi = 0.f;
-#pragma unroll
-        for (int i = 0; i < kOwn; ++i) {
-          const float p0 = fast_exp2(s[i][0] - ref_lo), p1 = fast_exp2(s[i][1] - ref_lo);
-          const float p2 = fast_exp2(s[i][2] - ref_hi), p3 = fast_exp2(s[i][3] - ref_hi);
-          sum_lo += p0 + p1;
-          sum_hi += p2 + p3;
-          *reinterpret_cast<uint2*>(slot(part, part * kOwn + i)) = make_uint2(pack_bf16(p0, p1), pack_bf16(p2, p3));
-        }
+        write_p(m_lo == -INFINITY ? 0.f : m_lo, m_hi == -INFINITY ? 0.f : m_hi, 0u, sum_lo, sum_hi);
         l_lo = l_lo * alpha_lo + sum_lo;
         l_hi = l_hi * alpha_hi + sum_hi;
         group_barrier<kSplit>(row_group);
-#pragma unroll
-        for (int x = 0; x < kSplit; ++x)
-#pragma unroll
-          for (int i = 0; i < kOwn; ++i) {
-            const int j = x * kOwn + i;
-            const uint2 v = *reinterpret_cast<const uint2*>(slot(x, j));
-            pa[j / 2][(j % 2) * 2] = v.x;
-            pa[j / 2][(j % 2) * 2 + 1] = v.y;
-          }
+        read_p(~0u);
       }
     } else {
       // ---- two warps a row group: S = own partial + the other's, the same sum in both warps
@@ -1031,7 +1020,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   quad_sum(l_lo, l_hi);
   if constexpr (Cfg::kSoftmaxShared) {
     // Each warp summed its own keys: the group's sums added in warp order, through the .xy of each
-    // warp's first own slot (last read, as the last tile's maxima, before that tile's P barrier).
+    // warp's first own slot, once the group has read the last tile's P from there.
     constexpr int kOwn = kNT / kSplit;
     auto slot = [&](int x) { return sEx + (((row_group * kSplit + x) * kNT + x * kOwn) * 32 + lane) * 4; };
     group_barrier<kSplit>(row_group);  // the last tile's P may be read from .xy until here
