@@ -263,6 +263,18 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// P of one n8 tile of S (a thread's four accumulator values: row lo's two, then row hi's) against
+// the rows' references, as the two bf16 pairs of its share of an mma A fragment; the rows' sums
+// accumulate.
+__device__ __forceinline__ uint2 exp_tile(const float (&s)[4], float ref_lo, float ref_hi, float& sum_lo,
+                                          float& sum_hi) {
+  const float p0 = fast_exp2(s[0] - ref_lo), p1 = fast_exp2(s[1] - ref_lo);
+  const float p2 = fast_exp2(s[2] - ref_hi), p3 = fast_exp2(s[3] - ref_hi);
+  sum_lo += p0 + p1;
+  sum_hi += p2 + p3;
+  return make_uint2(pack_bf16(p0, p1), pack_bf16(p2, p3));
+}
+
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 // Largest r in [0, n) with prefix[r] <= x (prefix non-decreasing, prefix[0] <= x).
@@ -893,11 +905,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
         sum_lo = sum_hi = 0.f;
 #pragma unroll
         for (int i = 0; i < kOwn; ++i) {
-          const float p0 = fast_exp2(s[i][0] - ref_lo), p1 = fast_exp2(s[i][1] - ref_lo);
-          const float p2 = fast_exp2(s[i][2] - ref_hi), p3 = fast_exp2(s[i][3] - ref_hi);
-          sum_lo += p0 + p1;
-          sum_hi += p2 + p3;
-          *reinterpret_cast<uint2*>(slot(part, part * kOwn + i)) = make_uint2(pack_bf16(p0, p1) | flag, pack_bf16(p2, p3));
+          const uint2 pk = exp_tile(s[i], ref_lo, ref_hi, sum_lo, sum_hi);
+          *reinterpret_cast<uint2*>(slot(part, part * kOwn + i)) = make_uint2(pk.x | flag, pk.y);
         }
       };
       auto read_p = [&](uint32_t keep) -> uint32_t {
@@ -981,12 +990,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
       float sum_lo = 0.f, sum_hi = 0.f;
 #pragma unroll
       for (int j = 0; j < kNT; ++j) {
-        const float p0 = fast_exp2(s[j][0] - ref_lo), p1 = fast_exp2(s[j][1] - ref_lo);
-        const float p2 = fast_exp2(s[j][2] - ref_hi), p3 = fast_exp2(s[j][3] - ref_hi);
-        sum_lo += p0 + p1;
-        sum_hi += p2 + p3;
-        pa[j / 2][(j % 2) * 2] = pack_bf16(p0, p1);
-        pa[j / 2][(j % 2) * 2 + 1] = pack_bf16(p2, p3);
+        const uint2 pk = exp_tile(s[j], ref_lo, ref_hi, sum_lo, sum_hi);
+        pa[j / 2][(j % 2) * 2] = pk.x;
+        pa[j / 2][(j % 2) * 2 + 1] = pk.y;
       }
       l_lo = l_lo * alpha_lo + sum_lo;
       l_hi = l_hi * alpha_hi + sum_hi;
