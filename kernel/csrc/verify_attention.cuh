@@ -244,18 +244,35 @@ __device__ __forceinline__ void quad_sum(float& lo, float& hi) {
   }
 }
 
+// The max a row's scores are exponentiated against: 0 for a row that has seen only masked keys
+// (max -inf), so that exp2 gives 0 and not NaN.
+__device__ __forceinline__ float row_ref(float m) { return m == -INFINITY ? 0.f : m; }
+
 // The online-softmax step of a thread's two rows (r and r + 8) once their new running maxima are
-// known: the max to subtract from the tile's scores (0 for a row that has seen only masked keys,
-// max -inf, so that exp2 gives 0 and not NaN), the factor that rescales what was accumulated
-// against the old max m, and m = mx.
+// known: the max to subtract from the tile's scores (row_ref), the factor that rescales what was
+// accumulated against the old max m, and m = mx.
 __device__ __forceinline__ void advance_max(float& m_lo, float& m_hi, float mx_lo, float mx_hi, float& ref_lo,
                                             float& ref_hi, float& alpha_lo, float& alpha_hi) {
-  ref_lo = mx_lo == -INFINITY ? 0.f : mx_lo;
-  ref_hi = mx_hi == -INFINITY ? 0.f : mx_hi;
+  ref_lo = row_ref(mx_lo);
+  ref_hi = row_ref(mx_hi);
   alpha_lo = fast_exp2(m_lo - ref_lo);
   alpha_hi = fast_exp2(m_hi - ref_hi);
   m_lo = mx_lo;
   m_hi = mx_hi;
+}
+
+// The same step where a row's reference max moves only when the row max passes it by more than
+// kRescaleThreshold (log2 units; the wgmma-ws kernel since v12, the 4-warp mma.sync kernels since
+// v26): until then P = exp2(s - m) stays below 2^threshold and alpha is exactly 1, so the rescale
+// of O can be skipped. m is the reference here (exponentiate against row_ref(m)).
+constexpr float kRescaleThreshold = 8.f;
+__device__ __forceinline__ void advance_max_threshold(float& m_lo, float& m_hi, float mx_lo, float mx_hi,
+                                                      float& alpha_lo, float& alpha_hi) {
+  const bool up_lo = mx_lo > m_lo + kRescaleThreshold, up_hi = mx_hi > m_hi + kRescaleThreshold;
+  alpha_lo = up_lo ? fast_exp2(m_lo - mx_lo) : 1.f;
+  alpha_hi = up_hi ? fast_exp2(m_hi - mx_hi) : 1.f;
+  if (up_lo) m_lo = mx_lo;
+  if (up_hi) m_hi = mx_hi;
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -892,11 +909,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
         mx_hi = fmaxf(mx_hi, fmaxf(s[i][2], s[i][3]));
       }
       quad_max(mx_lo, mx_hi);
-      // The reference max moves only when a row max passes it by more than the threshold (the
-      // wgmma-ws rule, v12): P against the current reference, with a flag (did a row of this warp
+      // The reference max moves only when a row max passes it by more than the threshold
+      // (advance_max_threshold): P against the current reference, with a flag (did a row of this warp
       // pass?) in the sign bit of its first word (P >= 0, so the bit is free); if no warp of the
       // group raised it, P is final and alpha 1.
-      constexpr float kThr = 8.f;
       constexpr uint32_t kFlag = 0x80000000u;
       // This warp's P against the references, into .xy of its slots (the first word or'ed with
       // `flag`), and its row sums; then every warp's P of the group into pa (`keep` masks the
@@ -923,9 +939,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
           }
         return first;
       };
-      const bool passed = __any_sync(0xffffffffu, mx_lo > m_lo + kThr || mx_hi > m_hi + kThr);
+      const bool passed =
+          __any_sync(0xffffffffu, mx_lo > m_lo + kRescaleThreshold || mx_hi > m_hi + kRescaleThreshold);
       float sum_lo, sum_hi;
-      write_p(m_lo == -INFINITY ? 0.f : m_lo, m_hi == -INFINITY ? 0.f : m_hi, passed ? kFlag : 0u, sum_lo, sum_hi);
+      write_p(row_ref(m_lo), row_ref(m_hi), passed ? kFlag : 0u, sum_lo, sum_hi);
       group_barrier<kSplit>(row_group);
       if (!(read_p(~kFlag) & kFlag)) {
         l_lo += sum_lo;
@@ -942,12 +959,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
           mx_lo = fmaxf(mx_lo, v.x);
           mx_hi = fmaxf(mx_hi, v.y);
         }
-        const bool up_lo = mx_lo > m_lo + kThr, up_hi = mx_hi > m_hi + kThr;
-        alpha_lo = up_lo ? fast_exp2(m_lo - mx_lo) : 1.f;
-        alpha_hi = up_hi ? fast_exp2(m_hi - mx_hi) : 1.f;
-        if (up_lo) m_lo = mx_lo;
-        if (up_hi) m_hi = mx_hi;
-        write_p(m_lo == -INFINITY ? 0.f : m_lo, m_hi == -INFINITY ? 0.f : m_hi, 0u, sum_lo, sum_hi);
+        advance_max_threshold(m_lo, m_hi, mx_lo, mx_hi, alpha_lo, alpha_hi);
+        write_p(row_ref(m_lo), row_ref(m_hi), 0u, sum_lo, sum_hi);
         l_lo = l_lo * alpha_lo + sum_lo;
         l_hi = l_hi * alpha_hi + sum_hi;
         group_barrier<kSplit>(row_group);

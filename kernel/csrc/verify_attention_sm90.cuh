@@ -478,10 +478,6 @@ struct ConfigWgmmaWsT {
   static constexpr int kSmemUsed = kSumOff + 128 * 2 * 4;
   static constexpr int kSmemBytes = kSmemUsed + 1024;         // slack to align the base to 1024 B
   static constexpr int kRegsS = 184, kRegsPV = 160;
-  // WG0 moves a row's reference max only when the row max passes it by more than this (log2
-  // units): P = exp2(s - ref) stays below 2^8, and in between the rescale factor is exactly 1, so
-  // WG1/WG2 skip the rescale of O (kernel/NOTES.md, v12).
-  static constexpr float kRescaleThreshold = 8.f;
   static_assert(kBlockN == 32 || kBlockN == 48, "S tiles of 32 or 48 keys (wgmma n32 / n48, PV k-steps of 16)");
   static_assert(kChunkBytes % 1024 == 0, "chunks of whole 8-row swizzle atoms");
   static_assert(128 * (kRegsS + 2 * kRegsPV) <= 168 * kThreads, "register budget of one CTA per SM");
@@ -787,20 +783,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       const float scale = p.scale_log2;
       mx_lo = fmaxf(m_lo, mx_lo * scale);
       mx_hi = fmaxf(m_hi, mx_hi * scale);
-      float ref_lo, ref_hi, alpha_lo, alpha_hi;
-      {
-        // The reference max moves only when the row max passes it by more than the threshold
-        // (log2 units); until then P = exp2(s - ref) stays below 2^threshold, and alpha is 1
-        // exactly, so the PV warpgroups skip their rescale.
-        constexpr float kThr = Cfg::kRescaleThreshold;
-        const bool up_lo = mx_lo > m_lo + kThr, up_hi = mx_hi > m_hi + kThr;
-        alpha_lo = up_lo ? fast_exp2(m_lo - mx_lo) : 1.f;
-        alpha_hi = up_hi ? fast_exp2(m_hi - mx_hi) : 1.f;
-        if (up_lo) m_lo = mx_lo;
-        if (up_hi) m_hi = mx_hi;
-        ref_lo = m_lo == -INFINITY ? 0.f : m_lo;
-        ref_hi = m_hi == -INFINITY ? 0.f : m_hi;
-      }
+      // The reference max moves only past the threshold (kernel/NOTES.md, v12): alpha is then 1
+      // exactly on most tiles, and the PV warpgroups skip their rescale.
+      float alpha_lo, alpha_hi;
+      advance_max_threshold(m_lo, m_hi, mx_lo, mx_hi, alpha_lo, alpha_hi);
+      const float ref_lo = row_ref(m_lo), ref_hi = row_ref(m_hi);
       float sum_lo = 0.f, sum_hi = 0.f;
       uint32_t pk[kNT][2];
 #pragma unroll
