@@ -58,3 +58,15 @@ def test_binding_compiles_against_torch_and_cuda_headers(tmp_path: Path) -> None
     ]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, f"binding.cpp does not compile ({sys.platform}):\n{res.stderr[-4000:]}"
+
+
+def test_the_binding_and_the_python_api_name_the_config_ids_alike() -> None:
+    """binding.cpp's error messages name config ids from its own table (kConfigNames); it must
+    spell them as kernel/__init__.py maps them, id for id."""
+    import kernel
+
+    text = (CSRC / "binding.cpp").read_text()
+    table = re.search(r"kConfigNames\[\]\s*=\s*\{([^}]*)\}", text)
+    assert table, "kConfigNames not found in binding.cpp"
+    names = re.findall(r'"([^"]+)"', table.group(1))
+    assert names == [name for name, _ in sorted(kernel._CONFIGS.items(), key=lambda kv: kv[1])]
