@@ -169,6 +169,10 @@ __device__ __forceinline__ void cp_async_16_shared(uint32_t dst, const void* src
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
   cp_async_16_shared(smem_addr(dst), src, valid);
 }
+// 4-byte async copy global -> shared, zero-filling when !valid.
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -726,36 +730,67 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     cp_async_commit();
   }
 
-  // KV gather: kThreadsPerRow threads per row, each copying every kThreadsPerRow-th 16-byte chunk,
-  // so a thread needs one slot index per tile. That index is fetched a whole tile ahead: its
-  // global-memory latency would otherwise stall every warp at the start of every tile (v3 notes).
-  constexpr int kThreadsPerRow = kThreads / kBN;
-  static_assert(kThreads % kBN == 0 && kChunksPerRow % kThreadsPerRow == 0, "gather layout");
-  const int ld_row = tid / kThreadsPerRow, ld_sub = tid % kThreadsPerRow;
+  // KV gather in whole 128-byte lines (kernel/NOTES.md, v27): an octet (8 consecutive threads)
+  // copies whole lines of a row, thread u its 16-byte unit u of each, so a warp instruction covers
+  // four whole L2 lines. With kBN * 9 lines a tile over kThreads / 8 octets, each octet copies
+  // kPer lines: 9 (one row) or 6 (octets < kBN: lines 0-5 of row `octet`; the others lines 6-8
+  // of two rows). A tile's slot indices come by cp.async into a two-tile ring in shared memory
+  // with the tile before it (the group the loop waits for), so no register carries them.
+  constexpr int kLines = kChunksPerRow / 8;
+  constexpr int kOctets = kThreads / 8;
+  constexpr int kPer = kBN * kLines / kOctets;
+  static_assert(kStages == 2, "the slot ring is filled one tile ahead");
+  static_assert(kThreads % 8 == 0 && kPer * kOctets == kBN * kLines && (kPer == kLines || kPer == 6),
+                "gather layout: an octet copies one row's 9 lines, or 6 and 3 + 3");
+  static_assert(kBN <= kThreads, "one thread a row copies the slot indices");
+  __shared__ int32_t s_slots[2][kBN];
+  const int octet = tid / 8, unit = tid % 8;
+  const bool two_rows = kPer != kLines && octet >= kBN;
+  const int g_row0 = two_rows ? 2 * (octet - kBN) : octet;
   const int num_tiles = ceil_div(kv_end - kv_begin, kBN);
-  auto fetch_slot = [&](int tile) -> int {
-    const int pos = kv_begin + tile * kBN + ld_row;
-    return pos < kv_end ? __ldg(p.kv_indices + pos) : -1;
-  };
   const uint64_t kv_policy = l2_evict_first_policy();
-  auto load_tile = [&](int slot, int stage) {
-    // Rows past the split, and slots outside the pool, are zero-filled: never read, and a
-    // zero V row times a zero probability cannot turn into NaN.
-    const bool ok = slot >= 0 && slot < p.num_slots;
-    const __nv_bfloat16* src = p.kv + (ok ? static_cast<int64_t>(slot) * kQKDim : 0);
-    __nv_bfloat16* dst = sKV + (stage * kBN + ld_row) * kSmemRow;
-#pragma unroll
-    for (int i = 0; i < kChunksPerRow / kThreadsPerRow; ++i) {
-      const int k = ld_sub + i * kThreadsPerRow;
-      cp_async_16_evict_first(smem_addr(dst + k * 8), src + (ok ? k * 8 : 0), ok, kv_policy);
+  // The tile's slot indices into ring entry `tile % 2` (zero past the split; never used there).
+  auto copy_slots = [&](int tile) {
+    if (tid < kBN) {
+      const int pos = kv_begin + tile * kBN + tid;
+      const bool ok = tile < num_tiles && pos < kv_end;
+      cp_async_4(&s_slots[tile % 2][tid], p.kv_indices + (ok ? pos : 0), ok);
     }
   };
+  // Row r's source (row 0 of the pool, with the copies zero-filled, past the split or outside the
+  // pool: never read, and a zero V row times a zero probability cannot turn into NaN).
+  auto row_src = [&](int tile, int r, int slot, bool& ok) {
+    ok = kv_begin + tile * kBN + r < kv_end && slot >= 0 && slot < p.num_slots;
+    return p.kv + (ok ? static_cast<int64_t>(slot) * kQKDim : 0) + unit * 8;
+  };
+  auto copy_lines = [&](int tile, int stage, int r, int slot, int line0, int lines) {
+    bool ok;
+    const __nv_bfloat16* src = row_src(tile, r, slot, ok);
+    const uint32_t dst = smem_addr(sKV + (stage * kBN + r) * kSmemRow + unit * 8);
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < num_tiles) load_tile(fetch_slot(s), s);
-    cp_async_commit();
+    for (int i = 0; i < kPer; ++i)
+      if (i < lines) cp_async_16_evict_first(dst + (line0 + i) * 128, src + (line0 + i) * 64, ok, kv_policy);
+  };
+  // slot_of(r): row r's slot index. Both of an octet's slots are read before its first copy: a
+  // read issued after the copies waits behind them in the load queue (kernel/NOTES.md, v27).
+  auto load_tile = [&](int tile, int stage, auto slot_of) {
+    if (!two_rows) {
+      copy_lines(tile, stage, g_row0, slot_of(g_row0), 0, kPer);
+    } else {
+      const int slot0 = slot_of(g_row0), slot1 = slot_of(g_row0 + 1);
+      copy_lines(tile, stage, g_row0, slot0, kPer, kLines - kPer);
+      copy_lines(tile, stage, g_row0 + 1, slot1, kPer, kLines - kPer);
+    }
+  };
+  // Tile 0 with slots read directly; tile 1's slots into the ring with it.
+  if (num_tiles > 0) {
+    load_tile(0, 0, [&](int r) {
+      const int pos = kv_begin + r;
+      return pos < kv_end ? __ldg(p.kv_indices + pos) : -1;
+    });
   }
-  int next_slot = fetch_slot(kStages - 1);
+  copy_slots(1);
+  cp_async_commit();
 
   // Rows this thread holds in mma accumulator layout: r_lo = lane/4, r_hi = lane/4 + 8.
   const int r_lo = row_group * 16 + lane / 4;
@@ -794,10 +829,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     cp_async_wait<kStages - 2>();
     __syncthreads();
     {
-      const int next = tile + kStages - 1;
-      if (next < num_tiles) load_tile(next_slot, next % kStages);
+      // Tile + 1 from the slots that came with this tile; tile + 2's slots into the entry this
+      // tile's gather read (every thread read it before the barrier above).
+      const int next = tile + 1;
+      if (next < num_tiles) load_tile(next, next % 2, [&](int r) { return s_slots[next % 2][r]; });
+      copy_slots(next + 1);
       cp_async_commit();
-      next_slot = fetch_slot(next + 1);  // consumed one tile from now
     }
     const __nv_bfloat16* sK = sKV + (tile % kStages) * kBN * kSmemRow;
 
