@@ -771,15 +771,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     for (int i = 0; i < kPer; ++i)
       if (i < lines) cp_async_16_evict_first(dst + (line0 + i) * 128, src + (line0 + i) * 64, ok, kv_policy);
   };
-  // slot_of(r): row r's slot index. Both of an octet's slots are read before its first copy: a
-  // read issued after the copies waits behind them in the load queue (kernel/NOTES.md, v27).
+  // slot_of(r): row r's slot index. (An octet of two rows reads its second slot after the first
+  // row's copies; both read first ran `small` 2-4 % slower on the H200: kernel/NOTES.md, v27.)
   auto load_tile = [&](int tile, int stage, auto slot_of) {
     if (!two_rows) {
       copy_lines(tile, stage, g_row0, slot_of(g_row0), 0, kPer);
     } else {
-      const int slot0 = slot_of(g_row0), slot1 = slot_of(g_row0 + 1);
-      copy_lines(tile, stage, g_row0, slot0, kPer, kLines - kPer);
-      copy_lines(tile, stage, g_row0 + 1, slot1, kPer, kLines - kPer);
+      copy_lines(tile, stage, g_row0, slot_of(g_row0), kPer, kLines - kPer);
+      copy_lines(tile, stage, g_row0 + 1, slot_of(g_row0 + 1), kPer, kLines - kPer);
     }
   };
   // Tile 0 with slots read directly; tile 1's slots into the ring with it.
