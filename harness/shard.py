@@ -114,7 +114,6 @@ from harness.timing import (
     CHUNK_SAMPLES,
     FLUSH_FACTOR,
     GPU_LOCK_PATH,
-    MAX_SPIN_MS,
     PILOT_SAMPLES,
     Sampler,
     Timing,
@@ -126,6 +125,7 @@ from harness.timing import (
     round_sig,
     sample_budget,
     spin_cycles_per_ms,
+    spin_ms,
     summarize,
 )
 
@@ -572,19 +572,6 @@ class Collective:
         return [k for k, v in enumerate(self.gather(1.0 if failed else 0.0)) if v]
 
 
-# A TP round starts on an idle GPU (the ranks synchronise between rounds), so its spin must
-# outlast the host's whole enqueue of the sample: the spin's own launch, the flush, the start
-# event and the call. One call's host time (what the one-GPU sampler uses, where samples queue
-# behind each other) is not enough: the first TP runs read short calls 15-25 us long eager.
-COLLECTIVE_SPIN_FACTOR = 2.0
-COLLECTIVE_SPIN_MARGIN_MS = 0.02
-
-
-def collective_spin_ms(host_ms: Sequence[float]) -> float:
-    """The spin before each TP round's sample, from the warm-up calls' host times (ms)."""
-    return min(COLLECTIVE_SPIN_FACTOR * statistics.median(host_ms) + COLLECTIVE_SPIN_MARGIN_MS, MAX_SPIN_MS)
-
-
 def measure_collective(
     run_fns: Sequence[Call],
     coll: Collective,
@@ -614,9 +601,8 @@ def measure_collective(
         host_ms = [sampler.untimed() for _ in range(max(policy.warmup, len(calls), 1))]
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-            spin_ms = collective_spin_ms(host_ms)
             index = device.index if device.index is not None else torch.cuda.current_device()
-            sampler.spin_cycles = int(spin_ms * spin_cycles_per_ms(index))
+            sampler.spin_cycles = int(spin_ms(host_ms) * spin_cycles_per_ms(index))
     except Exception as e:  # this rank's failure becomes every rank's error row
         why = f"{type(e).__name__}: {e}"
     failed = coll.failed_ranks(bool(why))

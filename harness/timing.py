@@ -9,8 +9,8 @@ Method (DESIGN.md section 5)
 * Warm-up. ``warmup`` untimed calls first (JIT builds, Triton autotuning, lazy allocations,
   clocks ramping up), then a pilot of three samples estimates the time per call.
 * Device time, not launch latency. Before each sample a spin kernel (``torch.cuda._sleep``),
-  sized from the host time of one call measured during warm-up, keeps the GPU busy while the
-  host enqueues the call, so the events bracket device work and never an idle GPU waiting for
+  sized from the host time of a call measured during warm-up (twice it, plus a margin:
+  :func:`spin_ms`), keeps the GPU busy while the host enqueues the sample, so the events bracket device work and never an idle GPU waiting for
   Python. Host work inside a call that synchronises (which a graph capture would reject) is
   still counted.
 * Cold L2 (the default). Before every sample and outside the events, either
@@ -65,6 +65,14 @@ ROTATE_MAX_FACTOR = 5.0
 # A spin never needs to cover more than a call's host time; a call that synchronises inside
 # would otherwise make every sample wait this long for nothing.
 MAX_SPIN_MS = 2.0
+# The spin before each sample: twice a call's host time (median of the warm-up calls) plus a
+# margin, capped. The GPU must still be busy when the host has enqueued the whole sample (the
+# spin's own launch, the flush, two events and the call), and the host's time jitters. Sized to
+# one call's host time, samples queued behind each other only while a call outlasted that
+# overhead: calls of ~20 us read 5-10 us long in some sweeps and not in others, the kernel the
+# same (kernel/NOTES.md, v27), as the first TP runs' short calls did before they had this rule.
+SPIN_FACTOR = 2.0
+SPIN_MARGIN_MS = 0.02
 
 Call = Callable[[], object]
 # One lock per box, beside other processes' temp files, so every checkout on the box shares it.
@@ -264,6 +272,11 @@ class Sampler:
         return [s.elapsed_time(e) for s, e in events]
 
 
+def spin_ms(host_ms: Sequence[float]) -> float:
+    """The spin before each sample, from the warm-up calls' host times (ms)."""
+    return min(SPIN_FACTOR * statistics.median(host_ms) + SPIN_MARGIN_MS, MAX_SPIN_MS)
+
+
 @cache
 def spin_cycles_per_ms(device_index: int) -> float:
     """Clock cycles of ``torch.cuda._sleep`` per millisecond on this device (calibrated once)."""
@@ -337,9 +350,8 @@ def measure(
     host_ms = [sampler.untimed() for _ in range(max(warmup, len(calls), 1))]
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        spin_ms = min(statistics.median(host_ms), MAX_SPIN_MS)
         index = device.index if device.index is not None else torch.cuda.current_device()
-        sampler.spin_cycles = int(spin_ms * spin_cycles_per_ms(index))
+        sampler.spin_cycles = int(spin_ms(host_ms) * spin_cycles_per_ms(index))
 
     samples = sampler.samples(min(PILOT_SAMPLES, max_samples))
     # a call below the clock's resolution reads as 0 ms: it is fast, not free
