@@ -73,9 +73,11 @@ def verify_attention(
                           shared memory for "large", "auto" takes "small-m32" or "small" per
                           call: the one whose busiest SM has less work as the plan lays the call
                           out (rows = tokens x heads, KV indices, the SM count; a row of M=32
-                          weighs 1.1 rows of M=48), e.g. M=32 for 128 rows (no padding) and for
-                          4096 rows on 132 SMs (128 tiles fill the GPU, 86 M=48 tiles do not),
-                          M=48 for 256-1024 rows on 132 SMs.
+                          weighs 1.2 rows of M=48, and M=48's fixed part 60 keys of its tile),
+                          e.g. on 132 SMs M=32 for up to 64 rows, for 128 rows up to ~40k keys,
+                          256 rows up to ~13k and 4096 rows (128 tiles fill the GPU, 86 M=48
+                          tiles do not), M=48 for longer 128- and 256-row calls and for 512-1024
+                          rows.
 
     Returns:
         (out [N, H, 512] bf16, lse [N, H] fp32): lse is the natural log of each row's softmax

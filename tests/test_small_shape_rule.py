@@ -28,27 +28,29 @@ def choice(exe: Path, rows: int, keys: int, sms: int) -> str:
 
 
 # (rows = tokens x heads, KV indices of the call, SMs) -> the config `auto` takes. The H200 times
-# (`small` against `small-m32`, config forced, one process: kernel/NOTES.md v24 and v26, the v26
-# ones from reports/20261130T014138-sweep-sm120-nvidia-h200-5944d70) are the reason for each
+# (`small` against `small-m32`, config forced, one process: kernel/NOTES.md v24 and v27, the v27
+# ones from reports/20261130T025624-sweep-sm120-nvidia-h200-ae2ef74) are the reason for each
 # 132-SM case; 188 is the RTX PRO 6000's SM count, 170 another sm_120 part's.
 CASES = [
-    ((128, 4112, 132), "small-m32"),  # P=4k H=8 T=16: 24.4 against 21.1 us (M=48: 144 rows)
-    ((128, 32784, 132), "small-m32"),  # P=32k H=8 T=16: 69.4 against 67.5 us
-    ((128, 200016, 132), "small-m32"),  # P=200k H=8 T=16: 315.9 against 322.0 us, a known 1.9 % miss
+    ((128, 4112, 132), "small-m32"),  # P=4k H=8 T=16: 23.5 against 20.3 us (M=48: 144 rows)
+    ((128, 32784, 132), "small-m32"),  # P=32k H=8 T=16: 65.4 against 64.3 us
+    ((128, 65552, 132), "small"),  # P=64k H=8 T=16: 110.2 against 113.2 us
+    ((128, 200016, 132), "small"),  # P=200k H=8 T=16: 294.5 against 308.4 us
     ((64, 131088, 132), "small-m32"),  # P=131k H=4 T=16: 181.6 against 140.5 us (v24)
     ((32, 200016, 132), "small-m32"),  # one M=32 tile; M=48 would be a third padding
+    ((32, 4112, 132), "small-m32"),  # P=4k H=2 T=16: 19.4 against 16.4 us
     ((1, 17, 132), "small-m32"),
     ((33, 200016, 132), "small"),  # 2 M=32 tiles (64 rows) against one M=48 tile
     ((96, 65552, 132), "small"),  # no padding either way: the larger tile
-    ((256, 4112, 132), "small"),  # P=4k H=16 T=16 (v24: a tie, 32.6 against 32.2 us)
-    ((256, 32784, 132), "small"),  # P=32k H=16 T=16: 116.1 against 121.0 us
-    ((512, 32832, 132), "small"),  # P=32k H=8 T=64: 197.0 against 224.0 us
-    ((1024, 4112, 132), "small"),  # P=4k H=64 T=16: 65.5 against 70.4 us
-    ((1024, 131136, 132), "small"),  # P=131k H=16 T=64: 1433 against 1669 us
+    ((256, 4112, 132), "small-m32"),  # P=4k H=16 T=16: a tie (29.1 against 29.1 us, v27 trials)
+    ((256, 32784, 132), "small"),  # P=32k H=16 T=16: 108.1 against 116.1 us
+    ((512, 32832, 132), "small"),  # P=32k H=8 T=64: 183.5 against 214.3 us
+    ((1024, 4112, 132), "small"),  # P=4k H=64 T=16: 61.1 against 67.0 us
+    ((1024, 131136, 132), "small"),  # P=131k H=16 T=64: 1316 against 1571 us
     (
         (4096, 32832, 132),
         "small-m32",
-    ),  # P=32k H=64 T=64: 2143 against 1655 us (128 tiles fill 132 SMs, 86 do not)
+    ),  # P=32k H=64 T=64: 1958 against 1576 us (128 tiles fill 132 SMs, 86 do not)
     ((4096, 200064, 188), "small"),  # 188 SMs: 86 M=48 tiles split twice, 128 M=32 tiles once
     ((4096, 200064, 170), "small-m32"),  # 170 SMs: neither splits; 128 tiles fill more of them
 ]

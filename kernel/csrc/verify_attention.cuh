@@ -83,17 +83,21 @@ using ConfigSmall = Config<3, 32, 2, 1, 4>;
 // row where rows are few.
 using ConfigSmallM32 = Config<2, 32, 2, 1, 4>;
 
-// small-m32 over small (kernel/NOTES.md, v24, refitted in v25 and v26): the shape whose busiest SM
-// computes fewer row x key products, a row of M=32 counted kM32RowCost times a row of M=48 (its loop
-// costs more a row). 1.1: on the H200's sm120 grid of v26's kernels every weight in [1.09, 1.125)
-// gives the picks that lose least (3 of 27 calls the slower shape, by 0.2-1.9 %); above 1.125 the
-// 128-row calls go to M=48, 15 % slower on the short one. As the plan lays the call out:
-// ceil(rows / M) row tiles; with fewer tiles than SMs each is split into up to SMs / tiles splits
-// of at least kMinSplitKeys keys, else unsplit in ceil(tiles / SMs) waves. So M=32 where it pads
-// fewer rows (e.g. 128 rows: 4 tiles against 3 of 144 rows) or fills more SMs (4096 rows on 132
-// SMs: 128 tiles against 86), M=48 where its tiles share each KV tile among more rows at the same
-// fill. Totals over the batch: the host knows no request's own lengths.
-constexpr double kM32RowCost = 1.1;
+// small-m32 over small (kernel/NOTES.md, v24, refitted in v25-v27): the shape whose busiest SM
+// costs less, as the plan lays the call out, in row x key products: a row of M=32 counts
+// kM32RowCost rows of M=48 (its loop costs more a row), and M=48's fixed part (12 warps against 8,
+// a larger work item) counts as kM32FixedKeys more keys of a 48-row tile. Fitted to the H200's
+// sm120 grid of v27's kernels (a line through each shape's 128-row calls, P = 4k..200k: ~1.19
+// times the per-row-key time and ~3.6 us, ~59 keys, more fixed cost for M=48); every (weight,
+// keys) from (1.14, 10-20) to (1.3, 120-200) picks the faster shape on all 27 calls, and a
+// weight alone at best misses 3 of them by 2.7-4.7 % (1.1) or the short P=4k H=8 T=16 by
+// 15 % (from 1.13). Plan layout: ceil(rows / M) row tiles; with fewer tiles than SMs each is split
+// into up to SMs / tiles splits of at least kMinSplitKeys keys, else unsplit in ceil(tiles / SMs)
+// waves. So M=32 where it pads fewer rows and the call is short, or fills more SMs (4096 rows on
+// 132 SMs: 128 tiles against 86), M=48 where its tiles share each KV tile among more rows at the
+// same fill. Totals over the batch: the host knows no request's own lengths.
+constexpr double kM32RowCost = 1.2;
+constexpr long long kM32FixedKeys = 60;
 // Build switch VA_SMALL_SHAPE: 0 this rule, 48 always small, 32 always small-m32 (the A/B bases
 // that time the rule on a box that runs these kernels).
 #ifndef VA_SMALL_SHAPE
@@ -119,7 +123,8 @@ inline bool prefer_small_m32(long long rows, long long num_kv_indices, int sms) 
 #else
   static_assert(ConfigSmall::kMinSplitKeys == ConfigSmallM32::kMinSplitKeys, "one minimum split for both shapes");
   return busiest_sm_work(rows, num_kv_indices, sms, ConfigSmallM32::kM, kM32RowCost) <
-         busiest_sm_work(rows, num_kv_indices, sms, ConfigSmall::kM, 1.0);
+         busiest_sm_work(rows, num_kv_indices, sms, ConfigSmall::kM, 1.0) +
+             static_cast<double>(ConfigSmall::kM * kM32FixedKeys);
 #endif
 }
 
