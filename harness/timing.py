@@ -10,9 +10,9 @@ Method (DESIGN.md section 5)
   clocks ramping up), then a pilot of three samples estimates the time per call.
 * Device time, not launch latency. Before each sample a spin kernel (``torch.cuda._sleep``),
   sized from the host time of a call measured during warm-up (twice it, plus a margin:
-  :func:`spin_ms`), keeps the GPU busy while the host enqueues the sample, so the events bracket device work and never an idle GPU waiting for
-  Python. Host work inside a call that synchronises (which a graph capture would reject) is
-  still counted.
+  :func:`spin_ms`), keeps the GPU busy while the host enqueues the sample, so the events
+  bracket device work and never an idle GPU waiting for Python. Host work inside a call that
+  synchronises (which a graph capture would reject) is still counted.
 * Cold L2 (the default). Before every sample and outside the events, either
   - flush: zero a buffer of 2x the L2 size (``L2_cache_size`` of the device; 60 MB on an
     H200, so 120 MB) and then read it back. Writing evicts everything; reading back leaves
