@@ -52,10 +52,11 @@ timings are compared only when both runs had a GPU (a CPU-only parity run compar
 
 Gated implementations: by default every SLOWER counts. ``--gate-impls a,b`` keeps every verdict
 in the table but counts timing regressions only for those implementations (names, or shell
-patterns such as ``verify-attn-cuda*``); the others are listed as "not gated". CI gates the history on the project's own kernel this way: the reference
-implementations (SGLang's Triton kernel, the float64 oracle) do not change between our commits,
-so their timing changes measure the box, not the commit (two lent H200s of one model ran SGLang
-6 % apart). Parity regressions count for every implementation either way.
+patterns such as ``verify-attn-cuda*``); the others are listed as "not gated". CI gates the
+history on the project's own kernel this way: the reference implementations (SGLang's Triton
+kernel, the float64 oracle) do not change between our commits, so their timing changes measure
+the box, not the commit (two lent H200s of one model ran SGLang 6 % apart). Parity regressions
+count for every implementation either way.
 
 Waivers: ``--history DIR`` reads ``DIR/waivers.toml`` when it exists (``--waivers FILE`` names
 another). A waiver accepts named SLOWER timing verdicts of one pair of runs: its BASE and HEAD

@@ -62,8 +62,8 @@ DEFAULT_L2_BYTES = 60 * 1024 * 1024
 CPU_CACHE_BYTES = 16 * 1024 * 1024
 FLUSH_FACTOR = 2.0
 ROTATE_MAX_FACTOR = 5.0
-# A spin never needs to cover more than a call's host time; a call that synchronises inside
-# would otherwise make every sample wait this long for nothing.
+# The spin's cap: a call that synchronises inside (its host time is then its device time too)
+# would otherwise make every sample wait twice that for nothing.
 MAX_SPIN_MS = 2.0
 # The spin before each sample: twice a call's host time (median of the warm-up calls) plus a
 # margin, capped. The GPU must still be busy when the host has enqueued the whole sample (the
