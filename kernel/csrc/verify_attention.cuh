@@ -852,44 +852,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     for (int x = 0; x < kSets; ++x)
 #pragma unroll
       for (int j = 0; j < kNT; ++j) accs[x][j][0] = accs[x][j][1] = accs[x][j][2] = accs[x][j][3] = 0.f;
-    if constexpr (Cfg::kQInRegisters) {
-      // K's fragments a k-step ahead of their mma (two buffers of the tile's kNT / 2 ldmatrix.x4):
-      // each fragment's shared-memory latency hides behind the previous k-step's mma.
-      static_assert(kSets == 1, "one accumulator set with Q in registers");
-      uint32_t kf[2][kNT / 2][4];
-      auto load_k = [&](uint32_t (&f)[kNT / 2][4], int kk) {
+#pragma unroll(Cfg::kQInRegisters ? kWarpSteps : 2)
+    for (int k0 = 0; k0 < kWarpSteps; k0 += kSets) {
 #pragma unroll
-        for (int j = 0; j < kNT; j += 2)
-          ldmatrix_x4(f[j / 2], sK + (j * 8 + (lane % 8) + ((lane / 16) * 8)) * kSmemRow + kk * 16 +
-                                    ((lane / 8) % 2) * 8);
-      };
-      load_k(kf[0], part * kWarpSteps);
-#pragma unroll
-      for (int k = 0; k < kWarpSteps; ++k) {
-        if (k + 1 < kWarpSteps) load_k(kf[(k + 1) % 2], part * kWarpSteps + k + 1);
+      for (int x = 0; x < kSets; ++x) {
+        const int kk = part * kWarpSteps + k0 + x;
+        uint32_t a[4];
+        if constexpr (Cfg::kQInRegisters) {
+          a[0] = qf[k0 + x][0];
+          a[1] = qf[k0 + x][1];
+          a[2] = qf[k0 + x][2];
+          a[3] = qf[k0 + x][3];
+        } else {
+          ldmatrix_x4(a, q_warp + (lane % 16) * kSmemRow + kk * 16 + (lane / 16) * 8);
+        }
 #pragma unroll
         for (int j = 0; j < kNT; j += 2) {
-          mma_bf16(accs[0][j], qf[k], kf[k % 2][j / 2][0], kf[k % 2][j / 2][1]);
-          mma_bf16(accs[0][j + 1], qf[k], kf[k % 2][j / 2][2], kf[k % 2][j / 2][3]);
-        }
-      }
-    } else {
-#pragma unroll 2
-      for (int k0 = 0; k0 < kWarpSteps; k0 += kSets) {
-#pragma unroll
-        for (int x = 0; x < kSets; ++x) {
-          const int kk = part * kWarpSteps + k0 + x;
-          uint32_t a[4];
-          ldmatrix_x4(a, q_warp + (lane % 16) * kSmemRow + kk * 16 + (lane / 16) * 8);
-#pragma unroll
-          for (int j = 0; j < kNT; j += 2) {
-            uint32_t bfrag[4];
-            const int key = j * 8 + (lane % 8) + ((lane / 16) * 8);
-            const int dim = kk * 16 + ((lane / 8) % 2) * 8;
-            ldmatrix_x4(bfrag, sK + key * kSmemRow + dim);
-            mma_bf16(accs[x][j], a, bfrag[0], bfrag[1]);
-            mma_bf16(accs[x][j + 1], a, bfrag[2], bfrag[3]);
-          }
+          uint32_t bfrag[4];
+          const int key = j * 8 + (lane % 8) + ((lane / 16) * 8);
+          const int dim = kk * 16 + ((lane / 8) % 2) * 8;
+          ldmatrix_x4(bfrag, sK + key * kSmemRow + dim);
+          mma_bf16(accs[x][j], a, bfrag[0], bfrag[1]);
+          mma_bf16(accs[x][j + 1], a, bfrag[2], bfrag[3]);
         }
       }
     }
