@@ -388,6 +388,23 @@ struct BlockPlan {
   int item_begin;    // its first item
   int num_splits;    // its splits
   int partial_base;  // its first partial slot, -1 if unsplit
+  // The request's bounds, read by the plan anyway: decode_item needs no load of its own after it
+  // (kernel/NOTES.md, v30).
+  int q_begin, q_end;    // qo_indptr[b], qo_indptr[b + 1]
+  int kv_begin, kv_end;  // kv_indptr[b], kv_indptr[b + 1]
+  int mask_offset;       // tree_mask_indptr[b]
+};
+
+// Request b's bounds, loaded together where the plan reads them.
+struct RequestBounds {
+  int q_begin = 0, q_end = 0, kv_begin = 0, kv_end = 0, mask_offset = 0;
+  __device__ __forceinline__ void load(const Params& p, int b) {
+    q_begin = p.qo_indptr[b];
+    q_end = p.qo_indptr[b + 1];
+    kv_begin = p.kv_indptr[b];
+    kv_end = p.kv_indptr[b + 1];
+    mask_offset = p.tree_mask_indptr[b];
+  }
 };
 
 // The split length (in KV tiles) lies in [lo, hi]: the smallest length whose item count fits
@@ -415,8 +432,8 @@ __device__ __forceinline__ void split_bracket(const Params& p, int max_len, int 
 
 // Request b's place in the item and partial layout: CTA 0 publishes it for the combine, and the
 // CTA whose item falls in it takes the request.
-__device__ __forceinline__ void place_request(const Params& p, int item, int b, int begin, int items, int splits,
-                                              int pbase, BlockPlan* out) {
+__device__ __forceinline__ void place_request(const Params& p, int item, int b, const RequestBounds& rb, int begin,
+                                              int items, int splits, int pbase, BlockPlan* out) {
   if (blockIdx.x == 0) {
     p.item_prefix[b] = begin;
     p.num_splits[b] = splits;
@@ -427,6 +444,11 @@ __device__ __forceinline__ void place_request(const Params& p, int item, int b, 
     out->item_begin = begin;
     out->num_splits = splits;
     out->partial_base = pbase;
+    out->q_begin = rb.q_begin;
+    out->q_end = rb.q_end;
+    out->kv_begin = rb.kv_begin;
+    out->kv_end = rb.kv_end;
+    out->mask_offset = rb.mask_offset;
   }
 }
 // The launch-wide results, by one thread: split length and item count (CTA 0 also publishes them).
@@ -447,9 +469,11 @@ __device__ __forceinline__ void plan_warp(const Params& p, int item, BlockPlan* 
   const int lane = threadIdx.x % 32, H = p.num_heads;
   const bool has = lane < p.batch;
   int len = 0, tiles_m = 0;
+  RequestBounds rb;
   if (has) {
-    len = p.kv_indptr[lane + 1] - p.kv_indptr[lane];
-    tiles_m = ceil_div((p.qo_indptr[lane + 1] - p.qo_indptr[lane]) * H, Cfg::kM);
+    rb.load(p, lane);
+    len = rb.kv_end - rb.kv_begin;
+    tiles_m = ceil_div((rb.q_end - rb.q_begin) * H, Cfg::kM);
   }
   const int max_len = warp_max(len);
   const int unsplit = warp_sum(tiles_m);
@@ -466,7 +490,7 @@ __device__ __forceinline__ void plan_warp(const Params& p, int item, BlockPlan* 
   const int in_part = splits > 1 ? items : 0;
   const int item_inc = warp_inclusive_scan(items), part_inc = warp_inclusive_scan(in_part);
   const int begin = item_inc - items, total = __shfl_sync(0xffffffffu, item_inc, 31);
-  if (has) place_request(p, item, lane, begin, items, splits, splits > 1 ? part_inc - in_part : -1, out);
+  if (has) place_request(p, item, lane, rb, begin, items, splits, splits > 1 ? part_inc - in_part : -1, out);
   if (lane == 0) finish_plan(p, L, total, out);
 }
 
@@ -519,9 +543,11 @@ __device__ __forceinline__ void plan_block(const Params& p, int item, BlockPlan*
   for (int b0 = 0; b0 < p.batch; b0 += kT) {
     const int b = b0 + threadIdx.x;
     int items = 0, splits = 0;
+    RequestBounds rb;
     if (b < p.batch) {
-      const int len = p.kv_indptr[b + 1] - p.kv_indptr[b];
-      const int rows = (p.qo_indptr[b + 1] - p.qo_indptr[b]) * H;
+      rb.load(p, b);
+      const int len = rb.kv_end - rb.kv_begin;
+      const int rows = (rb.q_end - rb.q_begin) * H;
       splits = ceil_div(len, L);
       items = splits * ceil_div(rows, Cfg::kM);
     }
@@ -529,7 +555,7 @@ __device__ __forceinline__ void plan_block(const Params& p, int item, BlockPlan*
     const int item_off = block_exclusive_scan<kT>(items, scratch, &item_total);
     const int partial_off = block_exclusive_scan<kT>(splits > 1 ? items : 0, scratch, &partial_total);
     if (b < p.batch)
-      place_request(p, item, b, item_base + item_off, items, splits,
+      place_request(p, item, b, rb, item_base + item_off, items, splits,
                     splits > 1 ? partial_base + partial_off : -1, out);
     item_base += item_total;
     partial_base += partial_total;
@@ -564,13 +590,13 @@ __device__ __forceinline__ WorkItem decode_item(const Params& p, const BlockPlan
   const int H = p.num_heads;
   w.b = plan.b;
   w.local = item - plan.item_begin;
-  const int q_begin = p.qo_indptr[w.b];
-  w.num_draft = p.qo_indptr[w.b + 1] - q_begin;
+  const int q_begin = plan.q_begin;
+  w.num_draft = plan.q_end - q_begin;
   const int rows = w.num_draft * H;
   const int row_tiles = ceil_div(rows, kM);
   const int split = w.local / row_tiles, row_tile = w.local % row_tiles;
-  const int kv_req_end = p.kv_indptr[w.b + 1];
-  w.kv_begin = p.kv_indptr[w.b] + split * plan.split_len;
+  const int kv_req_end = plan.kv_end;
+  w.kv_begin = plan.kv_begin + split * plan.split_len;
   w.kv_end = min(w.kv_begin + plan.split_len, kv_req_end);
   w.draft_begin = kv_req_end - w.num_draft;
   w.num_splits = plan.num_splits;
@@ -579,7 +605,7 @@ __device__ __forceinline__ WorkItem decode_item(const Params& p, const BlockPlan
   w.q_row_base = static_cast<int64_t>(q_begin) * H + w.row0;
   w.valid_rows = min(kM, rows - w.row0);
   w.mask_words = (w.num_draft + 31) / 32;
-  w.mask_base = p.tree_mask + p.tree_mask_indptr[w.b];
+  w.mask_base = p.tree_mask + plan.mask_offset;
   return w;
 }
 

@@ -666,7 +666,7 @@ __device__ __forceinline__ void store_partial_half(const Params& p, const WorkIt
 }
 
 // Before the plan: this CTA's slice of q and of kv_indices into L2 (one prefetch per 128-byte
-// line), and the tree-mask offsets that decode_item reads right after the plan.
+// line), and the tree-mask offsets that the plan reads with the batch's other bounds.
 __device__ __forceinline__ void l2_prefetch_slice(const char* base, int lines) {
   const int per = (lines + gridDim.x - 1) / gridDim.x, end = min(lines, per * (blockIdx.x + 1));
   for (int l = per * blockIdx.x + threadIdx.x; l < end; l += blockDim.x)
