@@ -379,6 +379,21 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* scratch, int* to
   return warp_base + inc - v;
 }
 
+// Request b's bounds, loaded together where the plan reads them. (No member initialisers: a
+// BlockPlan, which holds one, lives in __shared__ memory.)
+struct RequestBounds {
+  int q_begin, q_end;    // qo_indptr[b], qo_indptr[b + 1]
+  int kv_begin, kv_end;  // kv_indptr[b], kv_indptr[b + 1]
+  int mask_offset;       // tree_mask_indptr[b]
+  __device__ __forceinline__ void load(const Params& p, int b) {
+    q_begin = p.qo_indptr[b];
+    q_end = p.qo_indptr[b + 1];
+    kv_begin = p.kv_indptr[b];
+    kv_end = p.kv_indptr[b + 1];
+    mask_offset = p.tree_mask_indptr[b];
+  }
+};
+
 // The launch's plan as one CTA needs it: the split length, the item count, and the request that
 // holds this CTA's item.
 struct BlockPlan {
@@ -390,21 +405,7 @@ struct BlockPlan {
   int partial_base;  // its first partial slot, -1 if unsplit
   // The request's bounds, read by the plan anyway: decode_item needs no load of its own after it
   // (kernel/NOTES.md, v30).
-  int q_begin, q_end;    // qo_indptr[b], qo_indptr[b + 1]
-  int kv_begin, kv_end;  // kv_indptr[b], kv_indptr[b + 1]
-  int mask_offset;       // tree_mask_indptr[b]
-};
-
-// Request b's bounds, loaded together where the plan reads them.
-struct RequestBounds {
-  int q_begin = 0, q_end = 0, kv_begin = 0, kv_end = 0, mask_offset = 0;
-  __device__ __forceinline__ void load(const Params& p, int b) {
-    q_begin = p.qo_indptr[b];
-    q_end = p.qo_indptr[b + 1];
-    kv_begin = p.kv_indptr[b];
-    kv_end = p.kv_indptr[b + 1];
-    mask_offset = p.tree_mask_indptr[b];
-  }
+  RequestBounds req;
 };
 
 // The split length (in KV tiles) lies in [lo, hi]: the smallest length whose item count fits
@@ -444,11 +445,7 @@ __device__ __forceinline__ void place_request(const Params& p, int item, int b, 
     out->item_begin = begin;
     out->num_splits = splits;
     out->partial_base = pbase;
-    out->q_begin = rb.q_begin;
-    out->q_end = rb.q_end;
-    out->kv_begin = rb.kv_begin;
-    out->kv_end = rb.kv_end;
-    out->mask_offset = rb.mask_offset;
+    out->req = rb;
   }
 }
 // The launch-wide results, by one thread: split length and item count (CTA 0 also publishes them).
@@ -469,7 +466,7 @@ __device__ __forceinline__ void plan_warp(const Params& p, int item, BlockPlan* 
   const int lane = threadIdx.x % 32, H = p.num_heads;
   const bool has = lane < p.batch;
   int len = 0, tiles_m = 0;
-  RequestBounds rb;
+  RequestBounds rb{};
   if (has) {
     rb.load(p, lane);
     len = rb.kv_end - rb.kv_begin;
@@ -543,7 +540,7 @@ __device__ __forceinline__ void plan_block(const Params& p, int item, BlockPlan*
   for (int b0 = 0; b0 < p.batch; b0 += kT) {
     const int b = b0 + threadIdx.x;
     int items = 0, splits = 0;
-    RequestBounds rb;
+    RequestBounds rb{};
     if (b < p.batch) {
       rb.load(p, b);
       const int len = rb.kv_end - rb.kv_begin;
@@ -590,13 +587,13 @@ __device__ __forceinline__ WorkItem decode_item(const Params& p, const BlockPlan
   const int H = p.num_heads;
   w.b = plan.b;
   w.local = item - plan.item_begin;
-  const int q_begin = plan.q_begin;
-  w.num_draft = plan.q_end - q_begin;
+  const int q_begin = plan.req.q_begin;
+  w.num_draft = plan.req.q_end - q_begin;
   const int rows = w.num_draft * H;
   const int row_tiles = ceil_div(rows, kM);
   const int split = w.local / row_tiles, row_tile = w.local % row_tiles;
-  const int kv_req_end = plan.kv_end;
-  w.kv_begin = plan.kv_begin + split * plan.split_len;
+  const int kv_req_end = plan.req.kv_end;
+  w.kv_begin = plan.req.kv_begin + split * plan.split_len;
   w.kv_end = min(w.kv_begin + plan.split_len, kv_req_end);
   w.draft_begin = kv_req_end - w.num_draft;
   w.num_splits = plan.num_splits;
@@ -605,7 +602,7 @@ __device__ __forceinline__ WorkItem decode_item(const Params& p, const BlockPlan
   w.q_row_base = static_cast<int64_t>(q_begin) * H + w.row0;
   w.valid_rows = min(kM, rows - w.row0);
   w.mask_words = (w.num_draft + 31) / 32;
-  w.mask_base = p.tree_mask + plan.mask_offset;
+  w.mask_base = p.tree_mask + plan.req.mask_offset;
   return w;
 }
 
