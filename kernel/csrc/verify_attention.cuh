@@ -394,9 +394,10 @@ struct RequestBounds {
   }
 };
 
-// The launch's plan as one CTA needs it: the item count and the request that holds this CTA's item
-// (its split's keys follow from the request's bounds and split count: decode_item).
+// The launch's plan as one CTA needs it: the split length, the item count, and the request that
+// holds this CTA's item.
 struct BlockPlan {
+  int split_len;     // L: keys per split, a multiple of the KV tile
   int num_items;     // work items in all (CTAs past it have nothing to do)
   int b;             // request of this CTA's item
   int item_begin;    // its first item
@@ -447,9 +448,9 @@ __device__ __forceinline__ void place_request(const Params& p, int item, int b, 
     out->req = rb;
   }
 }
-// The launch-wide results, by one thread: the item count (CTA 0 publishes it and the split length L,
-// the most tiles x BN keys any split holds).
+// The launch-wide results, by one thread: split length and item count (CTA 0 also publishes them).
 __device__ __forceinline__ void finish_plan(const Params& p, int L, int num_items, BlockPlan* out) {
+  out->split_len = L;
   out->num_items = num_items;
   if (blockIdx.x == 0) {
     p.item_prefix[p.batch] = num_items;
@@ -580,11 +581,7 @@ struct WorkItem {
   const int32_t* mask_base;
 };
 
-// A request's n tiles go to its S splits evenly: the first n mod S splits get ceil(n / S) tiles,
-// the others floor(n / S) (never more than the plan's L, since S = ceil(n / L)), so no split is a
-// short remainder and the splits that end a tile early store their partials while the others run
-// their last tile (kernel/NOTES.md, v32).
-template <int kM, int kBN>
+template <int kM>
 __device__ __forceinline__ WorkItem decode_item(const Params& p, const BlockPlan& plan, int item) {
   WorkItem w;
   const int H = p.num_heads;
@@ -596,11 +593,8 @@ __device__ __forceinline__ WorkItem decode_item(const Params& p, const BlockPlan
   const int row_tiles = ceil_div(rows, kM);
   const int split = w.local / row_tiles, row_tile = w.local % row_tiles;
   const int kv_req_end = plan.req.kv_end;
-  const int tiles = ceil_div(kv_req_end - plan.req.kv_begin, kBN), splits = plan.num_splits;
-  const int per = tiles / splits, extra = tiles % splits;
-  const int first_tile = split * per + min(split, extra), split_tiles = per + (split < extra ? 1 : 0);
-  w.kv_begin = plan.req.kv_begin + first_tile * kBN;
-  w.kv_end = min(w.kv_begin + split_tiles * kBN, kv_req_end);
+  w.kv_begin = plan.req.kv_begin + split * plan.split_len;
+  w.kv_end = min(w.kv_begin + plan.split_len, kv_req_end);
   w.draft_begin = kv_req_end - w.num_draft;
   w.num_splits = plan.num_splits;
   w.partial_base = plan.partial_base;
@@ -742,11 +736,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   WorkItem w_local;
   const WorkItem* wp = &w_local;
   if constexpr (Cfg::kSoftmaxShared) {
-    if (tid == 0) s_item = decode_item<kM, Cfg::kBlockN>(p, s_plan, item);
+    if (tid == 0) s_item = decode_item<kM>(p, s_plan, item);
     __syncthreads();
     wp = &s_item;
   } else {
-    w_local = decode_item<kM, Cfg::kBlockN>(p, s_plan, item);
+    w_local = decode_item<kM>(p, s_plan, item);
   }
   const WorkItem& w = *wp;
   const int64_t q_row_base = w.q_row_base;

@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
   // The work item lives in shared memory, not registers: O takes 128 registers per thread, and
   // the item's fields are needed only on masked tiles and at the end.
   __shared__ WorkItem s_item;
-  if (tid == 0) s_item = decode_item<kM, Cfg::kBlockN>(p, s_plan, item);
+  if (tid == 0) s_item = decode_item<kM>(p, s_plan, item);
   __syncthreads();
   const WorkItem& w = s_item;
 
@@ -451,6 +451,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 //                 racecheck clean, where a named barrier here was not)
 //   kBarPVDone    both halves of PV done with P (WG1/WG2 -> WG0, before it overwrites P)
 //   kBarS         WG0's own 128 threads: Q's RoPE rows landed (once)
+//   kBarEpilogue  WG1 + WG2: the split partial's staging (store_partial_half)
 // Registers: setmaxnreg moves WG0 to 184 and WG1/WG2 to 160 each (128 x (184 + 2 x 160) = 64512,
 // the 168 x 384 the CTA starts with). ptxas accepts no less than 160 for a PV warpgroup, and
 // spills in WG0 with all of Q in registers or with 64-key tiles (S twice as large). 48 keys fit:
@@ -610,35 +611,18 @@ __device__ __forceinline__ void copy_row_line(uint32_t dst_tile, int r, int u, i
 // A split's partial (64 rows x 512, normalised, and its lse) from the PV warpgroups once every PV
 // and QK of the split is done, as fp16 (half_partials): each 256-dim half row (one warpgroup's)
 // divided by its own power of two above its largest |value|, so the values sit in (-1, 1) with
-// 11 significant bits, and the scale goes beside the lse. Stored from registers, each warpgroup
-// its own half, without staging or a barrier between the two (kernel/NOTES.md, v31): a thread's
-// accumulators hold dims 8 j + 2 c, + 1 (c = lane % 4) of n8 blocks j = 0..31, so four
-// `shfl.xor` transpose each quad's 4 x 4 block of fp16 pairs (blocks 4 k .. 4 k + 3) and leave lane
-// c with block 4 k + c whole: one 16-byte store, a quad 64 contiguous bytes of the row.
+// 11 significant bits, and the scale goes beside the lse. The rows go to the free KV stages
+// (padded to 1040 B: conflict-free 4-byte stores), then all 256 threads copy the valid rows out,
+// 16 bytes each an instruction (512 contiguous bytes a warp): ~0.6 us less than one 1 KB bulk copy
+// a row, which the bulk-copy unit issued at ~45 ns each (kernel/NOTES.md, v17).
 // Against fp32 partials: half the bytes written here and read by the combine, 2-3 us less on the
 // short-prefix cases, the same error against the fp64 oracle to 3 digits (kernel/NOTES.md, v12).
-__device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int c) {
-  // v[i] (lane c) -> v[i] = lane i's v[c]: the off-diagonal pairs over lane bit 1, then bit 0.
-#pragma unroll
-  for (int t = 0; t < 2; ++t) {
-    const uint32_t got = __shfl_xor_sync(0xffffffffu, (c & 2) ? v[t] : v[t + 2], 2);
-    if (c & 2) v[t] = got; else v[t + 2] = got;
-  }
-#pragma unroll
-  for (int t = 0; t < 4; t += 2) {
-    const uint32_t got = __shfl_xor_sync(0xffffffffu, (c & 1) ? v[t] : v[t + 1], 1);
-    if (c & 1) v[t] = got; else v[t + 1] = got;
-  }
-}
-__device__ __forceinline__ uint32_t pack_half2(float a, float b) {
-  const __half2 h = __floats2half2_rn(a, b);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
 __device__ __forceinline__ void store_partial_half(const Params& p, const WorkItem& w, const float (&o)[32][4],
                                                    float m_lo, float m_hi, float l_lo, float l_hi, int r_lo,
-                                                   int half) {
+                                                   int half, int ptid, unsigned char* smem_base, int bar) {
+  constexpr int kRowHalves = kVDim + 8;
   const float inv_lo = row_inv(l_lo), inv_hi = row_inv(l_hi);
-  const int c = threadIdx.x % 4;
+  const int lane = threadIdx.x % 32;
   float a_lo = 0.f, a_hi = 0.f;
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
@@ -648,30 +632,35 @@ __device__ __forceinline__ void store_partial_half(const Params& p, const WorkIt
   quad_max(a_lo, a_hi);
   const float sc_lo = half_scale(a_lo * inv_lo), sc_hi = half_scale(a_hi * inv_hi);
   const float mul_lo = inv_lo / sc_lo, mul_hi = inv_hi / sc_hi;  // exact: sc is a power of two
-  const int64_t slot = w.partial_base + w.local;
-  const bool ok_lo = r_lo < w.valid_rows, ok_hi = r_lo + 8 < w.valid_rows;
-  char* dst_lo = reinterpret_cast<char*>(half_partials(p) + (slot * 64 + r_lo) * kVDim + half * 256) + 16 * c;
-  char* dst_hi = dst_lo + 8 * kVDim * 2;
+  named_bar_sync(bar, 256);  // both halves' PV done reading the stages (QK was done before P)
+  __half* lo = reinterpret_cast<__half*>(smem_base) + r_lo * kRowHalves + half * 256 + (lane % 4) * 2;
+  __half* hi = lo + 8 * kRowHalves;
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    uint32_t lo[4], hi[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      lo[i] = pack_half2(o[4 * k + i][0] * mul_lo, o[4 * k + i][1] * mul_lo);
-      hi[i] = pack_half2(o[4 * k + i][2] * mul_hi, o[4 * k + i][3] * mul_hi);
-    }
-    quad_transpose(lo, c);
-    quad_transpose(hi, c);
-    if (ok_lo) *reinterpret_cast<uint4*>(dst_lo + 64 * k) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-    if (ok_hi) *reinterpret_cast<uint4*>(dst_hi + 64 * k) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+  for (int j = 0; j < 32; ++j) {
+    *reinterpret_cast<__half2*>(lo + j * 8) = __floats2half2_rn(o[j][0] * mul_lo, o[j][1] * mul_lo);
+    *reinterpret_cast<__half2*>(hi + j * 8) = __floats2half2_rn(o[j][2] * mul_hi, o[j][3] * mul_hi);
   }
-  if (c == 0) {
+  named_bar_sync(bar, 256);
+  const int64_t slot = w.partial_base + w.local;
+  {
+    constexpr int kUnits = kVDim * 2 / 16;  // 16-byte units a row
+    const int units = w.valid_rows * kUnits;
+    const char* src = reinterpret_cast<const char*>(smem_base);
+    char* dst = reinterpret_cast<char*>(half_partials(p) + slot * 64 * kVDim);
+#pragma unroll 4
+    for (int u = ptid + 128 * half; u < units; u += 256) {
+      const int row = u / kUnits, c = u % kUnits;
+      const uint4 v = *reinterpret_cast<const uint4*>(src + row * kRowHalves * 2 + c * 16);
+      *reinterpret_cast<uint4*>(dst + row * kVDim * 2 + c * 16) = v;
+    }
+  }
+  if (lane % 4 == 0) {
     float* scales = half_partial_scales(p);
-    if (ok_lo) scales[(slot * 64 + r_lo) * 2 + half] = sc_lo;
-    if (ok_hi) scales[(slot * 64 + r_lo + 8) * 2 + half] = sc_hi;
+    if (r_lo < w.valid_rows) scales[(slot * 64 + r_lo) * 2 + half] = sc_lo;
+    if (r_lo + 8 < w.valid_rows) scales[(slot * 64 + r_lo + 8) * 2 + half] = sc_hi;
     if (half == 0) {
-      if (ok_lo) p.partial_lse[slot * 64 + r_lo] = row_lse(m_lo, l_lo);
-      if (ok_hi) p.partial_lse[slot * 64 + r_lo + 8] = row_lse(m_hi, l_hi);
+      if (r_lo < w.valid_rows) p.partial_lse[slot * 64 + r_lo] = row_lse(m_lo, l_lo);
+      if (r_lo + 8 < w.valid_rows) p.partial_lse[slot * 64 + r_lo + 8] = row_lse(m_hi, l_hi);
     }
   }
 }
@@ -696,7 +685,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   static_assert(kM == 64 && (kBN == 32 || kBN == 48) && kThreads == 384, "layout below assumes these");
   constexpr int kNT = kBN / 8;  // n8 tiles of S: a thread holds 2 x kNT scores of each of its two rows
   constexpr int kBarFull = 1, kBarPVDone = kBarFull + kStages, kBarS = kBarPVDone + 1;
-  static_assert(kBarS < 16, "16 named barriers per CTA");
+  constexpr int kBarEpilogue = kBarS + 1;
+  static_assert(kBarEpilogue < 16, "16 named barriers per CTA");
 
   const int item = blockIdx.x;
   __shared__ BlockPlan s_plan;
@@ -721,7 +711,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   __shared__ __align__(8) uint64_t s_bar_p_ready;
   const uint32_t bar_p_ready = smem_addr(&s_bar_p_ready);
   if (tid == 0) {
-    s_item = decode_item<kM, Cfg::kBlockN>(p, s_plan, item);
+    s_item = decode_item<kM>(p, s_plan, item);
     mbar_init(bar_p_ready, 32);  // the 32 WG0 threads that write rescale factors, once per tile
     if (item == 0) __threadfence();  // plan_block's entries (written before its barrier), then:
   }
@@ -910,7 +900,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     const float m_lo = sStat[r_lo], m_hi = sStat[r_lo + 8];
     const float l_lo = sStat[64 + r_lo], l_hi = sStat[64 + r_lo + 8];
     if (w.num_splits > 1)
-      store_partial_half(p, w, o, m_lo, m_hi, l_lo, l_hi, r_lo, half);
+      store_partial_half(p, w, o, m_lo, m_hi, l_lo, l_hi, r_lo, half, ptid, smem_raw + (base - raw),
+                         kBarEpilogue);
     else
       store_rows<kM>(p, w, o, m_lo, m_hi, l_lo, l_hi, r_lo, half * 256 + (lane % 4) * 2, half == 0);
   }
