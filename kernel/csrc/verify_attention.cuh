@@ -627,6 +627,32 @@ __device__ __forceinline__ bool key_visible(const WorkItem& w, int pos, int tok)
   return visible;
 }
 
+// The visibility of keys pos0 .. pos0 + 63 to draft token tok as a 64-bit window (bit k: key
+// pos0 + k): prefix keys (before the draft region) are visible, keys past the split are not, draft
+// keys by the token's mask bits. The at most three mask words the window touches are loaded
+// together, one round trip for the 64 keys instead of one a key (kernel/NOTES.md, v33).
+__device__ __forceinline__ uint64_t visible_window(const WorkItem& w, int pos0, int tok) {
+  const int d0 = pos0 - w.draft_begin;  // draft index of key pos0 (negative: a prefix key)
+  const uint32_t* row = reinterpret_cast<const uint32_t*>(w.mask_base) + tok * w.mask_words;
+  uint64_t win;
+  if (d0 >= 0) {
+    const int wb = d0 >> 5, sh = d0 & 31;
+    const uint32_t m0 = wb < w.mask_words ? __ldg(row + wb) : 0u;
+    const uint32_t m1 = wb + 1 < w.mask_words ? __ldg(row + wb + 1) : 0u;
+    const uint32_t m2 = wb + 2 < w.mask_words ? __ldg(row + wb + 2) : 0u;
+    win = (((static_cast<uint64_t>(m1) << 32) | m0) >> sh) | (sh ? static_cast<uint64_t>(m2) << (64 - sh) : 0ull);
+  } else if (d0 > -64) {
+    const int n = -d0;  // prefix keys first, then draft keys 0 .. 63 - n (words 0 and 1)
+    const uint32_t m0 = __ldg(row), m1 = w.mask_words > 1 ? __ldg(row + 1) : 0u;
+    win = (((static_cast<uint64_t>(m1) << 32) | m0) << n) | ((1ull << n) - 1);
+  } else {
+    win = ~0ull;  // all 64 keys before the draft region
+  }
+  const int lim = w.kv_end - pos0;  // keys of the window inside the split
+  if (lim < 64) win &= lim > 0 ? (1ull << lim) - 1 : 0ull;
+  return win;
+}
+
 // A finished row's normalisation (1 / l) and natural-log lse from its log2-domain max m and sum l.
 // A row that saw no key (l == 0) gets 0 and -inf: the combine weighs such a partial as 0.
 __device__ __forceinline__ float row_inv(float l) { return l > 0.f ? 1.f / l : 0.f; }

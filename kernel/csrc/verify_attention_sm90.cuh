@@ -758,18 +758,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
 
       const int t0 = w.kv_begin + tile * kBN;
       if (tile_needs_mask(w, t0, kBN)) {
-        // Visibility bits first, in a rolled loop (few registers live next to Q), then applied.
+        // Each row's window of visibility bits (its keys are pos0 + 8 j + 0/1, j < kNT: 42 keys).
         const int pos0 = t0 + (lane % 4) * 2;
         const int tok_lo = row_token(w, r_lo, p.num_heads), tok_hi = row_token(w, r_lo + 8, p.num_heads);
-        uint32_t vis = 0;
-#pragma unroll 1
-        for (int q = 0; q < 4 * kNT; ++q)
-          vis |= static_cast<uint32_t>(key_visible(w, pos0 + (q / 4) * 8 + (q & 1), (q & 2) ? tok_hi : tok_lo)) << q;
+        const uint64_t vis_lo = visible_window(w, pos0, tok_lo), vis_hi = visible_window(w, pos0, tok_hi);
 #pragma unroll
         for (int j = 0; j < kNT; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            if (!((vis >> (j * 4 + e)) & 1u)) s[j][e] = -INFINITY;
+            if (!(((e & 2) ? vis_hi : vis_lo) >> (8 * j + (e & 1)) & 1ull)) s[j][e] = -INFINITY;
       }
       // Row maxima of the raw scores, then scaled (the scale is positive); the scale is folded into
       // the exponent's FMA below.
