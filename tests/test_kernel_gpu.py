@@ -252,6 +252,26 @@ def test_long_prefix_split_is_deterministic_and_correct() -> None:
     assert torch.equal(out.view(torch.int16), again.view(torch.int16))
 
 
+# Prefixes that put the first draft key at 0, 1, 16, 31, 47 and 48 keys into a KV tile (48 keys in
+# wgmma-ws, 32 in the other configs) and one far into a long request; draft counts on both sides of
+# one, two, three and eight 32-bit mask words.
+MASK_EDGE_PREFIXES = (0, 1, 16, 31, 47, 48, 95, 4096 + 17, 32768 + 13)
+MASK_EDGE_DRAFTS = (31, 32, 33, 64, 65, 97, 256)
+
+
+@pytest.mark.parametrize("num_draft", MASK_EDGE_DRAFTS)
+def test_draft_tiles_at_every_offset_and_mask_word(num_draft: int) -> None:
+    """The masked tiles (those that reach the draft tokens) read the tree mask a word window at a
+    time in wgmma-ws (kernel/NOTES.md, v33): the draft region starting anywhere in a tile, before
+    or after a word boundary, in a request's only split or in the last of many, every config."""
+    rng = random.Random(500 + num_draft)
+    prefix = list(MASK_EDGE_PREFIXES)
+    batch = make_batch(rng, torch.device("cuda"), prefix, [num_draft] * len(prefix), 2)
+    for config in gpu_configs():
+        out, lse = run_kernel(batch, config=config)
+        assert_close(out, lse, batch, f"{describe(batch)} config={config}")
+
+
 @pytest.mark.parametrize("b", [32, 33, 48])
 def test_batches_around_the_one_warp_plan(b: int) -> None:
     """Up to 32 requests the plan is computed by one warp, above by the whole block (two code
