@@ -859,12 +859,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       }
     };
     // Tile 0 alone first: at the start every SM's L2 -> SM bandwidth is what limits, so tile 0
-    // (and WG0's Q) land before tiles 1.. are asked for. The slots of tiles 1.. are read with tile
-    // 0's, so that their gathers go out as soon as it has landed (kernel/NOTES.md, v34).
-    Slots first[kStages];
-#pragma unroll
-    for (int t = 0; t < kStages; ++t) first[t] = fetch_slots(t);
-    load_tile(first[0], 0);  // num_tiles >= 1
+    // (and WG0's Q) land before tiles 1.. are asked for.
+    load_tile(fetch_slots(0), 0);  // num_tiles >= 1
     cp_async_commit();
     float o[32][4];
 #pragma unroll
@@ -872,9 +868,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     cp_async_wait<0>();
     fence_proxy_async();
     named_bar_arrive(kBarFull + 0, kThreads);
-#pragma unroll
+#pragma unroll 1
     for (int t = 1; t < kStages; ++t) {
-      if (t < num_tiles) load_tile(first[t], t);
+      if (t < num_tiles) load_tile(fetch_slots(t), t);
       cp_async_commit();
     }
     for (int tile = 0; tile < num_tiles; ++tile) {
