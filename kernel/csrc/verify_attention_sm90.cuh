@@ -475,10 +475,7 @@ struct ConfigWgmmaWsT {
   static constexpr int kAlphaOff = kPOff + 64 * 128;          // [64] rescale factor per row
   static constexpr int kStatOff = kAlphaOff + 64 * 4;         // [2][64] final row max, row sum
   static constexpr int kSumOff = kStatOff + 2 * 64 * 4;       // [128 threads][2] running partial row sums
-  // [2 PV warpgroups][kStages][kBlockN / 16][128 threads] slot indices, each thread its own, by
-  // cp.async with the gathers two stages before their use (kernel/NOTES.md, v35)
-  static constexpr int kSlotOff = kSumOff + 128 * 2 * 4;
-  static constexpr int kSmemUsed = kSlotOff + 2 * kStages * (kBlockN / 16) * 128 * 4;
+  static constexpr int kSmemUsed = kSumOff + 128 * 2 * 4;
   static constexpr int kSmemBytes = kSmemUsed + 1024;         // slack to align the base to 1024 B
   static constexpr int kRegsS = 184, kRegsPV = 160;
   static_assert(kBlockN == 32 || kBlockN == 48, "S tiles of 32 or 48 keys (wgmma n32 / n48, PV k-steps of 16)");
@@ -833,40 +830,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     const int r_lo = accumulator_row();
     const int half = wg - 1;
     const int ptid = tid - 128 * wg;                 // 0..127 within the warpgroup
-    // Gather: eight threads a KV row (copy_row_line); rows ld_row + 16 k, k < kBN / 16. A row's
-    // slot is -1 where the row is past the split.
+    // Gather: eight threads a KV row (copy_row_line); rows ld_row + 16 k, k < kBN / 16 (fetch_slots:
+    // -1 where the row is past the split).
     const uint64_t kv_policy = l2_evict_first_policy();
+    auto fetch_slot = [&](int tile, int r) -> int {
+      const int pos = w.kv_begin + tile * kBN + r;
+      return tile < num_tiles && pos < w.kv_end ? __ldg(p.kv_indices + pos) : -1;
+    };
     constexpr int kRowsPer = kBN / 16;
     struct Slots {
       int v[kRowsPer];
     };
     const int ld_row = ptid / 8, ld_u = ptid % 8;
-    auto row_pos = [&](int tile, int k) { return w.kv_begin + tile * kBN + ld_row + 16 * k; };
-    auto row_valid = [&](int tile, int k) { return tile < num_tiles && row_pos(tile, k) < w.kv_end; };
-    auto fetch_slots = [&](int tile) -> Slots {  // from global memory, into registers
+    auto fetch_slots = [&](int tile) -> Slots {
       Slots s;
 #pragma unroll
-      for (int k = 0; k < kRowsPer; ++k) s.v[k] = row_valid(tile, k) ? __ldg(p.kv_indices + row_pos(tile, k)) : -1;
-      return s;
-    };
-    // The tile loop's slots come through shared memory: each thread copies its own kRowsPer slots of
-    // tile t + kStages - 1 with the gather of tile t (cp.async), so they have landed with that
-    // group, which the loop's wait covers kStages - 2 tiles before their gather needs them. In
-    // registers (v30-v34) ptxas placed their loads by the role's register allocation, and edits
-    // elsewhere in the PV warpgroups moved them below PV, an L2 round trip a tile (kernel/NOTES.md,
-    // v34); a ring of kStages tiles: the one read, and the kStages - 1 in flight after it.
-    int* const ring = reinterpret_cast<int*>(smem_raw + (base - raw) + Cfg::kSlotOff) + half * kStages * kRowsPer * 128 + ptid;
-    auto copy_slots = [&](int tile) {
-#pragma unroll
-      for (int k = 0; k < kRowsPer; ++k) {
-        const bool ok = row_valid(tile, k);
-        cp_async_4(ring + ((tile % kStages) * kRowsPer + k) * 128, p.kv_indices + (ok ? row_pos(tile, k) : 0), ok);
-      }
-    };
-    auto ring_slots = [&](int tile) -> Slots {
-      Slots s;
-#pragma unroll
-      for (int k = 0; k < kRowsPer; ++k) s.v[k] = row_valid(tile, k) ? ring[((tile % kStages) * kRowsPer + k) * 128] : -1;
+      for (int k = 0; k < kRowsPer; ++k) s.v[k] = fetch_slot(tile, ld_row + 16 * k);
       return s;
     };
     auto load_tile = [&](const Slots& slots, int stage) {
@@ -880,12 +859,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       }
     };
     // Tile 0 alone first: at the start every SM's L2 -> SM bandwidth is what limits, so tile 0
-    // (and WG0's Q) land before tiles 1.. are asked for. The slots of tiles 1 .. kStages - 1 are
-    // read with tile 0's, so that their gathers go out as soon as it has landed (v35).
-    Slots first[kStages];
-#pragma unroll
-    for (int t = 0; t < kStages; ++t) first[t] = fetch_slots(t);
-    load_tile(first[0], 0);  // num_tiles >= 1
+    // (and WG0's Q) land before tiles 1.. are asked for.
+    load_tile(fetch_slots(0), 0);  // num_tiles >= 1
     cp_async_commit();
     float o[32][4];
 #pragma unroll
@@ -893,16 +868,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     cp_async_wait<0>();
     fence_proxy_async();
     named_bar_arrive(kBarFull + 0, kThreads);
-#pragma unroll
+#pragma unroll 1
     for (int t = 1; t < kStages; ++t) {
-      if (t < num_tiles) load_tile(first[t], t);
-      copy_slots(t + kStages - 1);
+      if (t < num_tiles) load_tile(fetch_slots(t), t);
       cp_async_commit();
     }
     for (int tile = 0; tile < num_tiles; ++tile) {
-      // The next tile (gathered kStages - 1 tiles ago) should have landed, and with the group of
-      // tile + 1 the slots of tile + kStages; WG0 may start its QK before it hands over this
-      // tile's P.
+      const auto next_slots = fetch_slots(tile + kStages);  // consumed after this tile's PV
+      // The next tile (gathered kStages - 1 tiles ago) should have landed; WG0 may start its QK
+      // before it hands over this tile's P.
       cp_async_wait<kStages - 2>();
       fence_proxy_async();
       if (tile + 1 < num_tiles) named_bar_arrive(kBarFull + (tile + 1) % kStages, kThreads);
@@ -914,8 +888,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       pv_tile_wait(o);
       named_bar_arrive(kBarPVDone, kThreads);
       // This warpgroup's chunks of the stage are free now (QK of this tile finished before P).
-      if (tile + kStages < num_tiles) load_tile(ring_slots(tile + kStages), tile % kStages);
-      copy_slots(tile + 2 * kStages - 1);
+      if (tile + kStages < num_tiles) load_tile(next_slots, tile % kStages);
       cp_async_commit();
     }
     cp_async_wait<0>();
