@@ -759,6 +759,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       const int t0 = w.kv_begin + tile * kBN;
       if (tile_needs_mask(w, t0, kBN)) {
         // Each row's window of visibility bits (its keys are pos0 + 8 j + 0/1, j < kNT: 42 keys).
+        static_assert(8 * (kNT - 1) + 2 <= 64, "a thread's keys of a tile fit one 64-key window");
         const int pos0 = t0 + (lane % 4) * 2;
         const int tok_lo = row_token(w, r_lo, p.num_heads), tok_hi = row_token(w, r_lo + 8, p.num_heads);
         const uint64_t vis_lo = visible_window(w, pos0, tok_lo), vis_hi = visible_window(w, pos0, tok_hi);
