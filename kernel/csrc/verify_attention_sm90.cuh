@@ -665,10 +665,6 @@ __device__ __forceinline__ void store_partial_half(const Params& p, const WorkIt
   }
 }
 
-__device__ __forceinline__ void prefetch_l1(const void* ptr) {
-  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(ptr));
-}
-
 // Before the plan: this CTA's slice of q and of kv_indices into L2 (one prefetch per 128-byte
 // line), and the tree-mask offsets that the plan reads with the batch's other bounds.
 __device__ __forceinline__ void l2_prefetch_slice(const char* base, int lines) {
@@ -880,12 +876,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     }
     for (int tile = 0; tile < num_tiles; ++tile) {
       const auto next_slots = fetch_slots(tile + kStages);  // consumed after this tile's PV
-      // The lines that tile + kStages + 2's slots sit on into L1 (its first, middle and last
-      // position: 48 indices span at most three 128-byte lines), so that the load above finds
-      // them there two tiles from now instead of queueing behind the gathers for L2
-      // (kernel/NOTES.md, v36). A prefetch holds no register and nothing waits for it.
-      if (ptid < 3 && tile + kStages + 2 < num_tiles)
-        prefetch_l1(p.kv_indices + min(w.kv_begin + (tile + kStages + 2) * kBN + ptid * (kBN - 1) / 2, w.kv_end - 1));
       // The next tile (gathered kStages - 1 tiles ago) should have landed; WG0 may start its QK
       // before it hands over this tile's P.
       cp_async_wait<kStages - 2>();
