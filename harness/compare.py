@@ -98,7 +98,16 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from harness.results import ParityRow, Results, ResultsError, SweepRow, atomic_write_text, load_results
+from harness.results import (
+    ParityRow,
+    Results,
+    ResultsError,
+    SweepRow,
+    atomic_write_text,
+    is_results_file,
+    load_results,
+    results_from_bytes,
+)
 
 DEFAULT_MIN_CHANGE = 0.03
 ALPHA = 0.01
@@ -604,14 +613,18 @@ def _ordered_keys(base: dict[Any, Any], head: dict[Any, Any]) -> list[Any]:
 # Finding runs: paths, git revisions, history
 
 
-def _git(repo: Path, *args: str) -> str:
+def _git_bytes(repo: Path, *args: str) -> bytes:
     try:
-        proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
+        proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, check=False)
     except FileNotFoundError as e:
         raise CompareError("git is not installed; a git revision cannot be resolved") from e
     if proc.returncode != 0:
-        raise CompareError(f"git {' '.join(args)} failed: {proc.stderr.strip()}")
+        raise CompareError(f"git {' '.join(args)} failed: {proc.stderr.decode(errors='replace').strip()}")
     return proc.stdout
+
+
+def _git(repo: Path, *args: str) -> str:
+    return _git_bytes(repo, *args).decode()
 
 
 def repo_root(start: Path) -> Path:
@@ -630,18 +643,16 @@ def resolve_revision(repo: Path, rev: str) -> str | None:
 
 
 def committed_runs(repo: Path, rev: str, folder: str = REPORTS_FOLDER) -> list[Side]:
-    """Every results.json committed under ``folder`` at ``rev``, read with ``git show``."""
+    """Every results file (plain or compressed) committed under ``folder`` at ``rev``, read with
+    ``git show``."""
     sha = resolve_revision(repo, rev)
     if sha is None:
         raise CompareError(f"{rev!r} is not a commit of the repository at {repo}")
     listing = _git(repo, "ls-tree", "-r", "--name-only", "-z", sha, "--", folder)
     sides = []
-    for path in sorted(p for p in listing.split("\0") if p.endswith("results.json")):
+    for path in sorted(p for p in listing.split("\0") if p and is_results_file(p)):
         source = f"{rev} ({sha[:7]}): {path}"
-        try:
-            results = Results.from_json(json.loads(_git(repo, "show", f"{sha}:{path}")), source=source)
-        except json.JSONDecodeError as e:
-            raise ResultsError(f"{source}: not valid JSON (truncated or corrupt?): {e}") from e
+        results = results_from_bytes(_git_bytes(repo, "show", f"{sha}:{path}"), source)
         sides.append(Side(source, results, revision=rev))
     return sides
 
@@ -666,7 +677,8 @@ def newest_by_key(sides: Iterable[Side]) -> dict[RunKey, list[Side]]:
 
 
 def tracked_results(folder: Path) -> list[Path]:
-    """results.json files under ``folder`` that git tracks; every one when outside a work tree."""
+    """Results files (plain or compressed) under ``folder`` that git tracks; every one when
+    outside a work tree."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CompareError(f"--history: {folder} is not a folder")
@@ -677,9 +689,9 @@ def tracked_results(folder: Path) -> list[Path]:
         check=False,
     )
     if proc.returncode != 0:
-        return sorted(folder.rglob("results.json"))
+        return sorted(p for p in folder.rglob("results.json*") if is_results_file(p))
     root = repo_root(folder)
-    return sorted(root / p for p in proc.stdout.split("\0") if p.endswith("results.json"))
+    return sorted(root / p for p in proc.stdout.split("\0") if p and is_results_file(p))
 
 
 def history_pairs(folder: Path) -> list[tuple[Side, Side]]:

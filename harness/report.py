@@ -4,7 +4,8 @@
                                                 (PATH: a results.json, a run folder, or a folder
                                                 of run folders)
     python -m harness report --prune reports/   delete index.html of every run but the newest one
-                                                per GPU model, kind and grid (results.json stays)
+                                                per GPU model, kind and grid, and compress those
+                                                runs' results.json to results.json.gz
 
 The page (``harness/templates/report.html.j2``, jinja2) holds pandas tables and matplotlib plots
 embedded as base64 PNG, so it opens anywhere with no other file:
@@ -18,7 +19,9 @@ embedded as base64 PNG, so it opens anywhere with no other file:
   on every bundle;
 * environment and the ceilings measured in the run.
 
-Only ``results.json`` is kept for older runs; their HTML is regenerated from it.
+Older runs keep only their results, as ``results.json.gz`` (the same text; every reader takes
+either form); their HTML is regenerated from it. The newest run per GPU model, kind and grid keeps
+``results.json`` plain, so that a diff between it and the next run reads row by row.
 """
 
 from __future__ import annotations
@@ -36,7 +39,17 @@ from typing import Any
 import pandas as pd
 
 from harness.compare import RunKey, run_key
-from harness.results import Results, ResultsError, SweepRow, atomic_write_text, load_results, write_results
+from harness.results import (
+    Results,
+    ResultsError,
+    SweepRow,
+    atomic_write_text,
+    compress_results,
+    is_results_file,
+    load_results,
+    results_in,
+    write_results,
+)
 
 TEMPLATE = "report.html.j2"
 # Parity rows of these prefixes are controls, not implementations: mutants must fail somewhere,
@@ -685,9 +698,9 @@ def write_run(results: Results, out_dir: Path) -> Path:
 
 
 def rerender(path: Path) -> Path:
-    """Regenerate index.html beside a results.json (or in a run folder); returns the page's path."""
+    """Regenerate index.html beside a results file (or in a run folder); returns the page's path."""
     path = Path(path)
-    json_path = path / "results.json" if path.is_dir() else path
+    json_path = results_in(path) if path.is_dir() else path
     results = load_results(json_path)
     page = json_path.parent / "index.html"
     atomic_write_text(page, render_html(results, str(json_path)))
@@ -695,23 +708,26 @@ def rerender(path: Path) -> Path:
 
 
 def _run_files(root: Path) -> list[Path]:
+    """The results files (plain or compressed) of ``root``: itself, its run folder's, or every
+    one below it."""
     root = Path(root)
     if root.is_file():
         return [root]
-    if (root / "results.json").is_file():
-        return [root / "results.json"]
-    return sorted(root.rglob("results.json"))
+    if any(is_results_file(p) for p in root.iterdir()):
+        return [results_in(root)]
+    return sorted(p for p in root.rglob("results.json*") if is_results_file(p))
 
 
 def prune(root: Path) -> tuple[list[Path], list[str]]:
     """Delete index.html of every run under ``root`` but the newest per (GPU model, kind, grid),
     the key the history gate groups runs by (:func:`harness.compare.run_key`: a quick sweep, or
-    a tensor-parallel one, does not take the page of the default grid's run).
+    a tensor-parallel one, does not take the page of the default grid's run), and compress those
+    runs' ``results.json`` to ``results.json.gz``.
 
-    Returns (deleted pages, warnings about results files that could not be read; those are
-    left alone)."""
+    Returns (deleted pages and compressed files, warnings about results files that could not be
+    read; those are left alone)."""
     newest: dict[RunKey, tuple[str, Path]] = {}
-    pages: list[tuple[RunKey, Path]] = []
+    runs: list[tuple[RunKey, Path]] = []
     warnings = []
     for json_path in _run_files(root):
         try:
@@ -720,26 +736,33 @@ def prune(root: Path) -> tuple[list[Path], list[str]]:
             warnings.append(str(e))
             continue
         key = run_key(results)
-        pages.append((key, json_path.parent / "index.html"))
+        runs.append((key, json_path))
         if key not in newest or results.created_utc > newest[key][0]:
             newest[key] = (results.created_utc, json_path.parent)
-    deleted = []
-    for key, page in pages:
-        if page.parent != newest[key][1] and page.is_file():
+    changed = []
+    for key, json_path in runs:
+        if json_path.parent == newest[key][1]:
+            continue
+        page = json_path.parent / "index.html"
+        if page.is_file():
             page.unlink()
-            deleted.append(page)
-    return deleted, warnings
+            changed.append(page)
+        if json_path.name == "results.json":
+            changed.append(compress_results(json_path))
+    return changed, warnings
 
 
 def main(args: argparse.Namespace) -> int:
     if args.prune:
-        deleted, warnings = prune(Path(args.prune))
+        changed, warnings = prune(Path(args.prune))
         for w in warnings:
             print(f"warning: {w} (left alone)", file=sys.stderr)
-        for page in deleted:
-            print(f"deleted {page}")
+        pages = [p for p in changed if p.name == "index.html"]
+        for path in changed:
+            print(f"deleted {path}" if path.name == "index.html" else f"compressed {path}")
         print(
-            f"{len(deleted)} page(s) deleted; the newest run per GPU model, kind and grid keeps its index.html"
+            f"{len(pages)} page(s) deleted, {len(changed) - len(pages)} results file(s) compressed; "
+            "the newest run per GPU model, kind and grid keeps its index.html and plain results.json"
         )
         return 0
     if not args.paths:
@@ -749,7 +772,7 @@ def main(args: argparse.Namespace) -> int:
     for root in args.paths:
         files = _run_files(Path(root))
         if not files:
-            print(f"error: {root}: no results.json found", file=sys.stderr)
+            print(f"error: {root}: no results.json (or results.json.gz) found", file=sys.stderr)
             status = 2
         for json_path in files:
             try:

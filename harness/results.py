@@ -24,6 +24,7 @@ implementation ran for the case, where it says: the kernel's tile config.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import tempfile
@@ -148,12 +149,17 @@ class Results:
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so that a crash leaves either the old file or the new one."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report is meant to be read by others
@@ -185,16 +191,55 @@ def write_results(results: Results, path: Path) -> None:
     atomic_write_text(Path(path), results_text(results.to_json()))
 
 
-def load_results(path: Path) -> Results:
-    path = Path(path)
-    if path.is_dir():
-        path = path / "results.json"
+# A run's results file as written, and as an older run keeps it once its page is pruned
+# (`report --prune` compresses it: the tracked tree, reports included, has a size limit).
+RESULTS_FILE = "results.json"
+RESULTS_GZ = RESULTS_FILE + ".gz"
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def is_results_file(path: str | Path) -> bool:
+    """``path`` names a run's results file, plain or compressed."""
+    return Path(path).name in (RESULTS_FILE, RESULTS_GZ)
+
+
+def results_in(folder: Path) -> Path:
+    """The results file of a run folder: ``results.json``, else ``results.json.gz``."""
+    folder = Path(folder)
+    plain = folder / RESULTS_FILE
+    return plain if plain.exists() or not (folder / RESULTS_GZ).exists() else folder / RESULTS_GZ
+
+
+def results_from_bytes(data: bytes, source: str) -> Results:
+    """A results file's bytes (gzip-compressed or not) as Results; ``source`` names it in errors."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as e:
-        raise ResultsError(f"{path}: no such results file") from e
+        text = (gzip.decompress(data) if data[:2] == GZIP_MAGIC else data).decode("utf-8")
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise ResultsError(f"{source}: not a readable results file (truncated or corrupt?): {e}") from e
     try:
         d = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ResultsError(f"{path}: not valid JSON (truncated or corrupt?): {e}") from e
-    return Results.from_json(d, source=str(path))
+        raise ResultsError(f"{source}: not valid JSON (truncated or corrupt?): {e}") from e
+    return Results.from_json(d, source=source)
+
+
+def load_results(path: Path) -> Results:
+    path = Path(path)
+    if path.is_dir():
+        path = results_in(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as e:
+        raise ResultsError(f"{path}: no such results file") from e
+    return results_from_bytes(data, str(path))
+
+
+def compress_results(path: Path) -> Path:
+    """``results.json`` -> ``results.json.gz`` beside it (the same text, gzip level 9, no
+    timestamp: the same file gives the same bytes). The compressed file is complete on disk before
+    the plain one goes; returns its path."""
+    path = Path(path)
+    gz = path.with_name(RESULTS_GZ)
+    atomic_write_bytes(gz, gzip.compress(path.read_bytes(), compresslevel=9, mtime=0))
+    path.unlink()
+    return gz

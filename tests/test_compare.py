@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from harness import compare
-from harness.results import ParityRow, Results, SweepRow, write_results
+from harness.results import ParityRow, Results, SweepRow, compress_results, write_results
 
 H200 = "NVIDIA H200"
 
@@ -605,6 +605,33 @@ def test_history_reads_only_files_git_tracks(tmp_path: Path, out_dir: Path) -> N
     )
     pairs = compare.history_pairs(reports)
     assert [(b.results.git["sha"][0], h.results.git["sha"][0]) for b, h in pairs] == [("1", "2")]
+
+
+def test_history_and_revisions_read_compressed_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`report --prune` leaves older runs as results.json.gz: the history gate and a revision
+    argument read them as they read the plain file."""
+    repo = git_repo(tmp_path / "repo")
+    reports = repo / "reports"
+    old = save(
+        make_results({"c": timings(0.1, seed=1)}, sha="1" * 40, created="2025-01-01T00:00:00Z"),
+        reports / "r1",
+    )
+    compress_results(old)
+    first = commit_all(repo, "r1")
+    save(
+        make_results({"c": timings(0.11, seed=2)}, sha="2" * 40, created="2025-01-02T00:00:00Z"),
+        reports / "r2",
+    )
+    commit_all(repo, "r2")
+    ((base, head),) = compare.history_pairs(reports)
+    assert base.label.endswith("r1/results.json.gz") and head.label.endswith("r2/results.json")
+    assert run_cli("--history", str(reports), "--out", str(out_dir)) == 1
+    assert "SLOWER 1" in capsys.readouterr().out
+    monkeypatch.chdir(repo)
+    ((base, head),) = compare.resolve_pairs(first, str(reports / "r2"))
+    assert base.label.endswith("reports/r1/results.json.gz") and base.results.git["sha"] == "1" * 40
 
 
 # --- waivers -----------------------------------------------------------------------------------

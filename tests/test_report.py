@@ -305,7 +305,7 @@ def test_a_row_field_of_the_wrong_type_is_an_error_naming_file_row_and_field(tmp
 
 def test_report_of_a_folder_without_results_is_an_error(tmp_path: Path, capsys) -> None:
     assert cli_main(["report", str(tmp_path)]) == 2
-    assert "no results.json found" in capsys.readouterr().err
+    assert "no results.json (or results.json.gz) found" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,10 +332,16 @@ def test_prune_keeps_the_newest_page_per_gpu_model_and_kind(tmp_path: Path) -> N
     new = _run(tmp_path, "b", SWEEP, "2025-11-02T00:00:00+00:00", "NVIDIA H200")
     other_gpu = _run(tmp_path, "c", SWEEP, "2025-10-01T00:00:00+00:00", "NVIDIA RTX PRO 6000")
     parity = _run(tmp_path, "d", PARITY, "2025-10-01T00:00:00+00:00", "NVIDIA H200")
-    deleted, warnings = prune(tmp_path)
-    assert deleted == [old / "index.html"] and warnings == []
+    changed, warnings = prune(tmp_path)
+    assert changed == [old / "index.html", old / "results.json.gz"] and warnings == []
     assert all((r / "index.html").exists() for r in (new, other_gpu, parity))
-    assert all((r / "results.json").exists() for r in (old, new, other_gpu, parity))
+    assert all((r / "results.json").exists() for r in (new, other_gpu, parity))
+    # The older run keeps its results, compressed: the same document, and its page renders again.
+    assert not (old / "results.json").exists()
+    assert load_results(old).to_json() == load_results(new).to_json() | {
+        "created_utc": "2025-11-01T00:00:00+00:00"
+    }
+    assert cli_main(["report", str(old)]) == 0 and (old / "index.html").exists()
 
 
 def test_prune_keeps_the_newest_page_per_grid(tmp_path: Path) -> None:
@@ -350,9 +356,28 @@ def test_prune_keeps_the_newest_page_per_grid(tmp_path: Path) -> None:
     quick = h200("b", "11-02", " --grid quick --gpus 2")
     tp = h200("c", "11-03", " --grid quick --tp 2")
     old_quick = h200("d", "10-01", " --grid quick")
-    deleted, warnings = prune(tmp_path)
-    assert deleted == [old_quick / "index.html"] and warnings == []
+    changed, warnings = prune(tmp_path)
+    assert changed == [old_quick / "index.html", old_quick / "results.json.gz"] and warnings == []
     assert all((r / "index.html").exists() for r in (default, quick, tp))
+
+
+def test_prune_twice_changes_nothing_more(tmp_path: Path) -> None:
+    _run(tmp_path, "a", SWEEP, "2025-11-01T00:00:00+00:00", "NVIDIA H200")
+    _run(tmp_path, "b", SWEEP, "2025-11-02T00:00:00+00:00", "NVIDIA H200")
+    first, _ = prune(tmp_path)
+    packed = (tmp_path / "a" / "results.json.gz").read_bytes()
+    assert len(first) == 2 and prune(tmp_path) == ([], [])
+    assert (tmp_path / "a" / "results.json.gz").read_bytes() == packed
+
+
+def test_a_compressed_results_file_that_is_cut_short_is_named(tmp_path: Path) -> None:
+    run = _run(tmp_path, "a", SWEEP, "2025-11-01T00:00:00+00:00", "NVIDIA H200")
+    _run(tmp_path, "b", SWEEP, "2025-11-02T00:00:00+00:00", "NVIDIA H200")
+    prune(tmp_path)
+    gz = run / "results.json.gz"
+    gz.write_bytes(gz.read_bytes()[:40])
+    with pytest.raises(ResultsError, match=r"results.json.gz: not a readable results file"):
+        load_results(run)
 
 
 def test_prune_leaves_unreadable_runs_alone_and_warns(tmp_path: Path, capsys) -> None:
