@@ -106,6 +106,7 @@ from harness.results import (
     atomic_write_text,
     is_results_file,
     load_results,
+    one_per_run,
     results_from_bytes,
 )
 
@@ -650,7 +651,7 @@ def committed_runs(repo: Path, rev: str, folder: str = REPORTS_FOLDER) -> list[S
         raise CompareError(f"{rev!r} is not a commit of the repository at {repo}")
     listing = _git(repo, "ls-tree", "-r", "--name-only", "-z", sha, "--", folder)
     sides = []
-    for path in sorted(p for p in listing.split("\0") if p and is_results_file(p)):
+    for path in map(str, one_per_run(Path(p) for p in listing.split("\0") if p and is_results_file(p))):
         source = f"{rev} ({sha[:7]}): {path}"
         results = results_from_bytes(_git_bytes(repo, "show", f"{sha}:{path}"), source)
         sides.append(Side(source, results, revision=rev))
@@ -689,9 +690,9 @@ def tracked_results(folder: Path) -> list[Path]:
         check=False,
     )
     if proc.returncode != 0:
-        return sorted(p for p in folder.rglob("results.json*") if is_results_file(p))
+        return one_per_run(p for p in folder.rglob("results.json*") if is_results_file(p))
     root = repo_root(folder)
-    return sorted(root / p for p in proc.stdout.split("\0") if p and is_results_file(p))
+    return one_per_run(root / p for p in proc.stdout.split("\0") if p and is_results_file(p))
 
 
 def history_pairs(folder: Path) -> list[tuple[Side, Side]]:

@@ -47,6 +47,7 @@ from harness.results import (
     compress_results,
     is_results_file,
     load_results,
+    one_per_run,
     results_in,
     write_results,
 )
@@ -715,7 +716,7 @@ def _run_files(root: Path) -> list[Path]:
         return [root]
     if any(is_results_file(p) for p in root.iterdir()):
         return [results_in(root)]
-    return sorted(p for p in root.rglob("results.json*") if is_results_file(p))
+    return one_per_run(p for p in root.rglob("results.json*") if is_results_file(p))
 
 
 def prune(root: Path) -> tuple[list[Path], list[str]]:

@@ -28,6 +28,7 @@ import gzip
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -208,6 +209,16 @@ def results_in(folder: Path) -> Path:
     folder = Path(folder)
     plain = folder / RESULTS_FILE
     return plain if plain.exists() or not (folder / RESULTS_GZ).exists() else folder / RESULTS_GZ
+
+
+def one_per_run(paths: Iterable[Path]) -> list[Path]:
+    """Results files, sorted, one per run folder: where a folder holds both forms (a prune cut
+    short between writing the compressed file and removing the plain one) the plain one."""
+    chosen: dict[Path, Path] = {}
+    for p in map(Path, paths):
+        if p.parent not in chosen or p.name == RESULTS_FILE:
+            chosen[p.parent] = p
+    return sorted(chosen.values())
 
 
 def results_from_bytes(data: bytes, source: str) -> Results:

@@ -634,6 +634,21 @@ def test_history_and_revisions_read_compressed_results(
     assert base.label.endswith("reports/r1/results.json.gz") and base.results.git["sha"] == "1" * 40
 
 
+def test_a_run_with_both_forms_of_its_results_counts_once(tmp_path: Path) -> None:
+    """A prune cut short between writing results.json.gz and removing results.json leaves both:
+    the run is still one run (its plain file), not two that the gate would compare with each other."""
+    reports = tmp_path / "reports"
+    save(
+        make_results({"c": timings(0.1, seed=1)}, sha="1" * 40, created="2025-01-01T00:00:00Z"),
+        reports / "r1",
+    )
+    r2 = make_results({"c": timings(0.1, seed=2)}, sha="2" * 40, created="2025-01-02T00:00:00Z")
+    compress_results(save(r2, reports / "r2"))
+    save(r2, reports / "r2")
+    ((base, head),) = compare.history_pairs(reports)
+    assert base.label.endswith("r1/results.json") and head.label.endswith("r2/results.json")
+
+
 # --- waivers -----------------------------------------------------------------------------------
 
 
