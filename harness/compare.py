@@ -107,6 +107,7 @@ from harness.results import (
     is_results_file,
     load_results,
     one_per_run,
+    results_files_under,
     results_from_bytes,
 )
 
@@ -690,7 +691,7 @@ def tracked_results(folder: Path) -> list[Path]:
         check=False,
     )
     if proc.returncode != 0:
-        return one_per_run(p for p in folder.rglob("results.json*") if is_results_file(p))
+        return results_files_under(folder)
     root = repo_root(folder)
     return one_per_run(root / p for p in proc.stdout.split("\0") if p and is_results_file(p))
 

@@ -40,6 +40,7 @@ import pandas as pd
 
 from harness.compare import RunKey, run_key
 from harness.results import (
+    RESULTS_FILE,
     Results,
     ResultsError,
     SweepRow,
@@ -47,7 +48,7 @@ from harness.results import (
     compress_results,
     is_results_file,
     load_results,
-    one_per_run,
+    results_files_under,
     results_in,
     write_results,
 )
@@ -716,7 +717,7 @@ def _run_files(root: Path) -> list[Path]:
         return [root]
     if any(is_results_file(p) for p in root.iterdir()):
         return [results_in(root)]
-    return one_per_run(p for p in root.rglob("results.json*") if is_results_file(p))
+    return results_files_under(root)
 
 
 def prune(root: Path) -> tuple[list[Path], list[str]]:
@@ -748,7 +749,7 @@ def prune(root: Path) -> tuple[list[Path], list[str]]:
         if page.is_file():
             page.unlink()
             changed.append(page)
-        if json_path.name == "results.json":
+        if json_path.name == RESULTS_FILE:
             changed.append(compress_results(json_path))
     return changed, warnings
 

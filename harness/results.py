@@ -221,6 +221,11 @@ def one_per_run(paths: Iterable[Path]) -> list[Path]:
     return sorted(chosen.values())
 
 
+def results_files_under(folder: Path) -> list[Path]:
+    """Every run's results file below ``folder`` (plain or compressed, one per run), sorted."""
+    return one_per_run(p for p in Path(folder).rglob(f"{RESULTS_FILE}*") if is_results_file(p))
+
+
 def results_from_bytes(data: bytes, source: str) -> Results:
     """A results file's bytes (gzip-compressed or not) as Results; ``source`` names it in errors."""
     try:
