@@ -1,8 +1,10 @@
 """Workload for compute-sanitizer (run by tests/test_kernel_sanitizer.py, not collected by pytest).
 
-Runs the kernel on the smoke bundle and on a small random ragged batch with a NaN-filled,
-shuffled pool, in every tile config the GPU runs, so memcheck sees every gather, mask and combine path and
-racecheck sees the shared-memory exchanges between warps.
+Runs the kernel on the smoke bundle, on a small random ragged batch with a NaN-filled, shuffled
+pool and on one request (started from its guessed bounds, and again with a kv_indices longer than
+its indptr, so that the guess fails and the CTAs start again), in every tile config the GPU runs, so
+memcheck sees every gather, mask and combine path and racecheck sees the shared-memory exchanges
+between warps.
 """
 
 from __future__ import annotations
@@ -16,18 +18,36 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_kernel_gpu import gpu_configs, random_batch, run_kernel  # noqa: E402
+from test_kernel_gpu import gpu_configs, make_batch, random_batch, run_kernel  # noqa: E402
 
+import kernel  # noqa: E402
 from harness import bundles  # noqa: E402
 
 
 def main() -> int:
     smoke = bundles.to_batch(bundles.load("smoke"), "cuda")
     small = random_batch(random.Random(99), torch.device("cuda"), work_cap=3e5)
+    one = make_batch(random.Random(98), torch.device("cuda"), [3000], [16], 8)
+    mask, mask_indptr = (t.cuda() for t in kernel.pack_parents(one.parents))
+    longer = torch.cat([one.kv_indices, one.kv_indices[:500]])
     for config in gpu_configs():
-        for batch in (smoke, small):
-            out, lse = run_kernel(batch, config=config)
-            torch.cuda.synchronize()
+        outs = [run_kernel(batch, config=config)[0] for batch in (smoke, small, one)]
+        outs.append(
+            kernel.verify_attention(
+                one.q,
+                one.kv_cache,
+                longer,
+                one.qo_indptr,
+                one.kv_indptr,
+                mask,
+                mask_indptr,
+                one.sm_scale,
+                validate=False,
+                config=config,
+            )[0]
+        )
+        torch.cuda.synchronize()
+        for out in outs:
             if not torch.isfinite(out.float()).all():
                 print(f"non-finite output, config {config}", file=sys.stderr)
                 return 1
