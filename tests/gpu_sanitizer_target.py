@@ -1,10 +1,9 @@
 """Workload for compute-sanitizer (run by tests/test_kernel_sanitizer.py, not collected by pytest).
 
 Runs the kernel on the smoke bundle, on a small random ragged batch with a NaN-filled, shuffled
-pool and on one request (started from its guessed bounds, and again with a kv_indices longer than
-its indptr, so that the guess fails and the CTAs start again), in every tile config the GPU runs, so
-memcheck sees every gather, mask and combine path and racecheck sees the shared-memory exchanges
-between warps.
+pool and on one request (also with a kv_indices longer than its indptr says, unvalidated), in every
+tile config the GPU runs, so memcheck sees every gather, mask and combine path and racecheck sees
+the shared-memory exchanges between warps.
 """
 
 from __future__ import annotations

@@ -278,11 +278,11 @@ LONGER_THAN_INDPTR = ((70000, 16, 3000, 0), (1000, 16, 60000, 0), (100, 7, 0, 5)
 
 @pytest.mark.parametrize("case", LONGER_THAN_INDPTR, ids=lambda c: "P{}-T{}-kv+{}-q+{}".format(*c))
 def test_one_request_whose_tensors_run_past_its_indptrs(case: tuple[int, int, int, int]) -> None:
-    """A single request starts from the bounds its tensors' extents give (kernel/NOTES.md, v37)
-    and checks them against the indptrs: an unvalidated call whose kv_indices or q is longer than
-    its indptrs say (over-allocated buffers) reads only what the indptrs address. The extra slots
-    point at finite rows and the extra q rows are finite, so a kernel that trusted the extents
-    would attend to other keys, or misplace the draft tokens, and miss the oracle."""
+    """An unvalidated call whose kv_indices or q is longer than its indptrs say (over-allocated
+    buffers, as the SGLang adapter may pass) reads only what the indptrs address. The extra slots
+    point at finite rows and the extra q rows are finite, so a kernel that took a single request's
+    bounds from the tensors' extents would attend to other keys, or misplace the draft tokens, and
+    miss the oracle (kernel/NOTES.md, v37: caught for each case)."""
     prefix, num_draft, extra_kv, extra_q = case
     rng = random.Random(900 + prefix + extra_kv)
     batch = make_batch(rng, torch.device("cuda"), [prefix], [num_draft], 8)

@@ -75,7 +75,6 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
   p.num_slots = a.num_slots;
   p.num_q_rows = a.num_tokens * a.num_heads;
   p.num_kv_indices = a.num_kv_indices;
-  p.num_tokens = a.num_tokens;
   p.scale_log2 = a.sm_scale * 1.4426950408889634f;
   p.max_items = plan.max_items;
   p.max_partials = plan.max_partials;

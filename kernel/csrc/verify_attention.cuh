@@ -152,7 +152,6 @@ struct Params {
   int num_slots;
   int num_q_rows;                     // N * H
   int num_kv_indices;                 // K
-  int num_tokens;                     // N
   float scale_log2;                   // sm_scale * log2(e)
   int max_items;                      // grid size of the main kernel
   int max_partials;                   // target items: splitting stops at this many
@@ -393,22 +392,6 @@ struct RequestBounds {
     kv_end = p.kv_indptr[b + 1];
     mask_offset = p.tree_mask_indptr[b];
   }
-  // A batch of one request as the call's contract has it (what `validate` checks: each indptr
-  // [0, its tensor's extent]); the wgmma-ws kernel starts from these before it has read them
-  // (kernel/NOTES.md, v37).
-  __device__ __forceinline__ static RequestBounds of_single_request(const Params& p) {
-    RequestBounds rb;
-    rb.q_begin = 0;
-    rb.q_end = p.num_tokens;
-    rb.kv_begin = 0;
-    rb.kv_end = p.num_kv_indices;
-    rb.mask_offset = 0;
-    return rb;
-  }
-  __device__ __forceinline__ bool operator==(const RequestBounds& o) const {
-    return q_begin == o.q_begin && q_end == o.q_end && kv_begin == o.kv_begin && kv_end == o.kv_end &&
-           mask_offset == o.mask_offset;
-  }
 };
 
 // The launch's plan as one CTA needs it: the split length, the item count, and the request that
@@ -477,52 +460,35 @@ __device__ __forceinline__ void finish_plan(const Params& p, int L, int num_item
 }
 
 // The plan of plan_block below for a batch of at most 32 requests, by one warp (lane b holds
-// request b's bounds rb, has = b < batch): shuffles instead of block reductions, the same
-// arithmetic and the same result. kOne: a batch of one request by one thread (lane 0's values
-// are then every reduction's and scan's result: the same arithmetic again, no shuffles).
-template <class Cfg, bool kOne = false>
-__device__ __forceinline__ void plan_requests(const Params& p, int item, bool has, const RequestBounds& rb,
-                                              BlockPlan* out) {
-  const int lane = kOne ? 0 : threadIdx.x % 32, H = p.num_heads;
+// request b): shuffles instead of block reductions, the same arithmetic and the same result.
+template <class Cfg>
+__device__ __forceinline__ void plan_warp(const Params& p, int item, BlockPlan* out) {
+  const int lane = threadIdx.x % 32, H = p.num_heads;
+  const bool has = lane < p.batch;
   int len = 0, tiles_m = 0;
+  RequestBounds rb{};
   if (has) {
+    rb.load(p, lane);
     len = rb.kv_end - rb.kv_begin;
     tiles_m = ceil_div((rb.q_end - rb.q_begin) * H, Cfg::kM);
   }
-  auto sum = [](auto v) {
-    if constexpr (kOne) return v; else return warp_sum(v);
-  };
-  auto scan = [](int v) {
-    if constexpr (kOne) return v; else return warp_inclusive_scan(v);
-  };
-  int max_len = max(len, 0);  // the other lanes' 0
-  if constexpr (!kOne) max_len = warp_max(len);
-  const int unsplit = sum(tiles_m);
-  const long long work = sum(static_cast<long long>(len) * tiles_m);
+  const int max_len = warp_max(len);
+  const int unsplit = warp_sum(tiles_m);
+  const long long work = warp_sum(static_cast<long long>(len) * tiles_m);
   int lo, hi;
   split_bracket<Cfg>(p, max_len, unsplit, work, lo, hi);
   while (lo < hi) {
     const int mid = (lo + hi) >> 1;
-    const int items = sum(has ? ceil_div(len, mid * Cfg::kBlockN) * tiles_m : 0);
+    const int items = warp_sum(has ? ceil_div(len, mid * Cfg::kBlockN) * tiles_m : 0);
     if (items <= p.max_partials) hi = mid; else lo = mid + 1;
   }
   const int L = lo * Cfg::kBlockN;
   const int splits = has ? ceil_div(len, L) : 0, items = splits * tiles_m;
   const int in_part = splits > 1 ? items : 0;
-  const int item_inc = scan(items), part_inc = scan(in_part);
-  int total = item_inc;
-  if constexpr (!kOne) total = __shfl_sync(0xffffffffu, item_inc, 31);
-  const int begin = item_inc - items;
+  const int item_inc = warp_inclusive_scan(items), part_inc = warp_inclusive_scan(in_part);
+  const int begin = item_inc - items, total = __shfl_sync(0xffffffffu, item_inc, 31);
   if (has) place_request(p, item, lane, rb, begin, items, splits, splits > 1 ? part_inc - in_part : -1, out);
   if (lane == 0) finish_plan(p, L, total, out);
-}
-template <class Cfg>
-__device__ __forceinline__ void plan_warp(const Params& p, int item, BlockPlan* out) {
-  const int lane = threadIdx.x % 32;
-  const bool has = lane < p.batch;
-  RequestBounds rb{};
-  if (has) rb.load(p, lane);
-  plan_requests<Cfg>(p, item, has, rb, out);
 }
 
 // Every thread of the CTA calls this; the result is in *out after it returns.

@@ -678,33 +678,6 @@ __device__ __forceinline__ void entry_prefetch(const Params& p) {
   if (threadIdx.x == 0) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p.tree_mask_indptr));
 }
 
-// A single request's start (kernel/NOTES.md, v37): every CTA plans from the bounds the call's
-// contract gives one request (RequestBounds::of_single_request) and its roles start their loads
-// from that item before thread 0 has the real bounds. All threads call this once their role has
-// issued its start. Thread 0 (`decides`) compares the bounds; where they differ (an unvalidated
-// call whose kv_indices or tree_mask is longer than its indptrs say), every thread waits for its
-// own copies while thread 0 plans from the real bounds (CTA 0 publishing them before it lets the
-// combine launch), and the CTA starts again. Every guessed address is inside q and kv_indices, and
-// slots are checked against the pool, so a wrong guess costs time only.
-// Returns 0: the start stands; 1: start again from *w; -1: this CTA has no item. Without a guess
-// (guessed false: the plan came first) 0, and no barrier.
-template <class Cfg>
-__device__ __forceinline__ int settle_start(const Params& p, bool guessed, bool decides, const RequestBounds& real,
-                                            BlockPlan* plan, WorkItem* w, int* s_held, int bar) {
-  if (!guessed) return 0;
-  if (decides) *s_held = real == RequestBounds::of_single_request(p);
-  named_bar_sync(bar, Cfg::kThreads);  // the start is issued: nothing reads *plan or *w until the next
-  if (*s_held) return 0;
-  if (decides) {
-    plan_requests<Cfg, true>(p, blockIdx.x, true, real, plan);
-    if (blockIdx.x < plan->num_items) *w = decode_item<Cfg::kM>(p, *plan, blockIdx.x);
-    if (blockIdx.x == 0) __threadfence();
-  }
-  cp_async_wait<0>();
-  named_bar_sync(bar, Cfg::kThreads);
-  return blockIdx.x < plan->num_items ? 1 : -1;
-}
-
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_kernel(Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -712,47 +685,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   static_assert(kM == 64 && (kBN == 32 || kBN == 48) && kThreads == 384, "layout below assumes these");
   constexpr int kNT = kBN / 8;  // n8 tiles of S: a thread holds 2 x kNT scores of each of its two rows
   constexpr int kBarFull = 1, kBarPVDone = kBarFull + kStages, kBarS = kBarPVDone + 1;
-  constexpr int kBarEpilogue = kBarS + 1, kBarStart = kBarEpilogue + 1;
-  static_assert(kBarStart < 16, "16 named barriers per CTA");
+  constexpr int kBarEpilogue = kBarS + 1;
+  static_assert(kBarEpilogue < 16, "16 named barriers per CTA");
 
   const int item = blockIdx.x;
   __shared__ BlockPlan s_plan;
-  __shared__ WorkItem s_item;
-  __shared__ int s_started, s_held;
-  __shared__ __align__(8) uint64_t s_bar_p_ready;
-  const uint32_t bar_p_ready = smem_addr(&s_bar_p_ready);
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int wg = warp / 4;
   // The combine may launch once every CTA has allowed it; CTA 0 does only after it has published
   // the plan's entries, which the few-row combine reads before its griddepcontrol.wait.
   if (item != 0) allow_dependent_launch();
   entry_prefetch(p);
-  // One request: the plan from the bounds the call's contract gives it, checked once the roles
-  // have started from it (settle_start; kernel/NOTES.md v37). Thread 0 holds the real bounds.
-  const bool guessed = p.batch == 1;
-  RequestBounds real{};
-  if (guessed) {
-    if (tid == 0) {
-      real.load(p, 0);  // in flight while the guess is planned and the roles start
-      plan_requests<Cfg, true>(p, item, true, RequestBounds::of_single_request(p), &s_plan);
-      s_started = item < s_plan.num_items;
-      if (s_started) s_item = decode_item<kM>(p, s_plan, item);
-      mbar_init(bar_p_ready, 32);
-      if (item == 0) __threadfence();  // the guessed plan's entries (published again if it fails)
-    }
-    __syncthreads();
-  } else {
-    plan_block<Cfg>(p, item, &s_plan);
-    if (item >= s_plan.num_items) return;
-    if (tid == 0) {
-      s_item = decode_item<kM>(p, s_plan, item);
-      s_started = 1;
-      mbar_init(bar_p_ready, 32);  // the 32 WG0 threads that write rescale factors, once per tile
-      if (item == 0) __threadfence();  // plan_block's entries (written before its barrier), then:
-    }
-    __syncthreads();
-    if (item == 0) allow_dependent_launch();  // the combine
-  }
+  plan_block<Cfg>(p, item, &s_plan);
+  if (item >= s_plan.num_items) return;
 
   extern __shared__ __align__(16) unsigned char smem_raw[];  // aligned to 1024 B below
   const uint32_t raw = smem_addr(smem_raw);
@@ -762,25 +705,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   float* sStat = reinterpret_cast<float*>(smem_raw + (base - raw) + Cfg::kStatOff);
   float2* sSum = reinterpret_cast<float2*>(smem_raw + (base - raw) + Cfg::kSumOff);
 
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int wg = warp / 4;
+  __shared__ WorkItem s_item;
+  __shared__ __align__(8) uint64_t s_bar_p_ready;
+  const uint32_t bar_p_ready = smem_addr(&s_bar_p_ready);
+  if (tid == 0) {
+    s_item = decode_item<kM>(p, s_plan, item);
+    mbar_init(bar_p_ready, 32);  // the 32 WG0 threads that write rescale factors, once per tile
+    if (item == 0) __threadfence();  // plan_block's entries (written before its barrier), then:
+  }
+  __syncthreads();
+  if (item == 0) allow_dependent_launch();  // the combine
   const WorkItem& w = s_item;
-  const bool started = s_started;
-  int num_tiles = started ? ceil_div(w.kv_end - w.kv_begin, kBN) : 0;
-  // Once a role has issued its start: 0 it stands, 1 start again from w (now the real item), -1
-  // this CTA has no item.
-  auto settle = [&](bool decides) {
-    int r = settle_start<Cfg>(p, guessed, decides, real, &s_plan, &s_item, &s_held, kBarStart);
-    if (r == 0 && !started) r = -1;  // the guess held and gave this CTA no item
-    if (r > 0) num_tiles = ceil_div(w.kv_end - w.kv_begin, kBN);
-    if (r >= 0 && guessed && item == 0) allow_dependent_launch();  // the combine
-    return r;
-  };
+  const int num_tiles = ceil_div(w.kv_end - w.kv_begin, kBN);
 
   if (wg == 0) {
     // ================= WG0: S, online softmax =================
     setmaxnreg_inc<Cfg::kRegsS>();
     const int r_lo = accumulator_row();
-    uint32_t qa[Cfg::kQRegSteps][4];
-    auto start_q = [&]() {
+    {
       // Q's RoPE dims into shared memory: two threads per row, 4 of its 8 units each.
       const int r = tid / 2, sub = tid % 2;
       const bool ok = r < w.valid_rows;
@@ -791,12 +735,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         cp_async_16_shared(sQRope + r * 128 + ((u ^ (r & 7)) << 4), src + u * 8, ok);
       }
       cp_async_commit();
-      load_q_fragments(qa, p.q, w, r_lo, lane);
-    };
-    if (started) start_q();
-    const int settled = settle(tid == 0);
-    if (settled < 0) return;
-    if (settled > 0) start_q();
+    }
+    uint32_t qa[Cfg::kQRegSteps][4];
+    load_q_fragments(qa, p.q, w, r_lo, lane);
     cp_async_wait<0>();
     fence_proxy_async();
     named_bar_sync(kBarS, 128);  // all of WG0's RoPE rows landed
@@ -920,14 +861,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     };
     // Tile 0 alone first: at the start every SM's L2 -> SM bandwidth is what limits, so tile 0
     // (and WG0's Q) land before tiles 1.. are asked for.
-    if (started) load_tile(fetch_slots(0), 0);  // num_tiles >= 1
+    load_tile(fetch_slots(0), 0);  // num_tiles >= 1
     cp_async_commit();
-    const int settled = settle(false);
-    if (settled < 0) return;
-    if (settled > 0) {
-      load_tile(fetch_slots(0), 0);
-      cp_async_commit();
-    }
     float o[32][4];
 #pragma unroll
     for (int j = 0; j < 32; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
