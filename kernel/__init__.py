@@ -63,9 +63,10 @@ def verify_attention(
                           the indptrs and the tree mask to the host (a sync), so it is skipped while
                           the stream is captured into a CUDA graph; pass False in hot loops once the
                           inputs are known good. Shape, dtype and device checks always run.
-                          Unvalidated, kv_indices and tree_mask may run past their indptrs' last
-                          entries (over-allocated buffers: the kernel reads only what the indptrs
-                          address); q must still hold exactly qo_indptr[-1] tokens.
+                          Unvalidated, kv_indices, tree_mask and q may run past their indptrs'
+                          last entries (over-allocated buffers): the kernel reads only what the
+                          indptrs address, and rows of out and lse past qo_indptr[-1] are not
+                          written.
         config:           "auto" (wgmma-ws on H100/H200 when built for sm_90a, else by the device's
                           shared memory), "wgmma-ws" (sm_90a, warp-specialized: one warpgroup for
                           S with Q in registers, two for P V; M=64, 48-key tiles, 3 stages, 181 KB

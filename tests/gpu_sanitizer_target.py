@@ -1,8 +1,8 @@
 """Workload for compute-sanitizer (run by tests/test_kernel_sanitizer.py, not collected by pytest).
 
 Runs the kernel on the smoke bundle, on a small random ragged batch with a NaN-filled, shuffled
-pool and on one request (also with a kv_indices longer than its indptr says, unvalidated), in every
-tile config the GPU runs, so memcheck sees every gather, mask and combine path and racecheck sees
+pool and on one request (also with a kv_indices and a q longer than its indptrs say, unvalidated),
+in every tile config the GPU runs, so memcheck sees every gather, mask and combine path and racecheck sees
 the shared-memory exchanges between warps.
 """
 
@@ -29,13 +29,14 @@ def main() -> int:
     one = make_batch(random.Random(98), torch.device("cuda"), [3000], [16], 8)
     mask, mask_indptr = (t.cuda() for t in kernel.pack_parents(one.parents))
     longer = torch.cat([one.kv_indices, one.kv_indices[:500]])
+    longer_q = torch.cat([one.q, one.q[:3]])
     for config in gpu_configs():
         outs = [run_kernel(batch, config=config)[0] for batch in (smoke, small, one)]
-        outs.append(
-            kernel.verify_attention(
-                one.q,
+        for q, kv_indices in ((one.q, longer), (longer_q, one.kv_indices)):
+            out = kernel.verify_attention(
+                q,
                 one.kv_cache,
-                longer,
+                kv_indices,
                 one.qo_indptr,
                 one.kv_indptr,
                 mask,
@@ -44,7 +45,7 @@ def main() -> int:
                 validate=False,
                 config=config,
             )[0]
-        )
+            outs.append(out[: one.q.shape[0]])
         torch.cuda.synchronize()
         for out in outs:
             if not torch.isfinite(out.float()).all():

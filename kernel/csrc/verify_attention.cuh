@@ -1159,6 +1159,7 @@ constexpr int kCombineLanes = kVDim / 4;  // threads per group
 // and the row's tile and place in it. Read from the call's inputs only, so before the wait.
 struct CombineRow {
   int b, row_tiles, row_tile, in_tile;
+  bool in_batch;  // false for q rows past qo_indptr[B] (outside the contract; never written)
   // Row of split s's partial (the request's partials start at slot base, split-major).
   template <int kM>
   __device__ __forceinline__ int64_t partial_row(int base, int s) const {
@@ -1168,10 +1169,10 @@ struct CombineRow {
 template <int kM>
 __device__ __forceinline__ CombineRow combine_row(const Params& p, int row) {
   const int H = p.num_heads;
-  const int b = upper_index(p.qo_indptr, p.batch + 1, row / H);
+  const int b = min(upper_index(p.qo_indptr, p.batch + 1, row / H), p.batch - 1);
   const int q0 = __ldg(p.qo_indptr + b), q1 = __ldg(p.qo_indptr + b + 1);
   const int r = row - q0 * H;
-  return {b, ceil_div((q1 - q0) * H, kM), r / kM, r % kM};
+  return {b, ceil_div((q1 - q0) * H, kM), r / kM, r % kM, r < (q1 - q0) * H};
 }
 
 template <class Cfg, int kGroups, bool kHalf = false>
@@ -1180,6 +1181,7 @@ __global__ void __launch_bounds__(kGroups * kCombineLanes) combine_kernel(Params
   if (row >= total_rows) return;
   const CombineRow cr = combine_row<Cfg::kM>(p, row);
   wait_for_primary_grid();  // before reading the main kernel's plan or partials
+  if (!cr.in_batch) return;
   const int splits = p.num_splits[cr.b];
   if (splits == 1) return;  // written directly by the main kernel
   const int base = p.partial_base[cr.b];
@@ -1264,7 +1266,7 @@ __global__ void __launch_bounds__(kGroups * kWideLanes) combine_wide_kernel(Para
   // From L2 (`ld.global.cg`): an earlier call's values may still sit in this SM's L1.
   const int splits = __ldcg(p.num_splits + cr.b), base = __ldcg(p.partial_base + cr.b);
   wait_for_primary_grid();  // before reading the partials (and, every block, before it ends)
-  if (splits == 1) return;  // written directly by the main kernel
+  if (splits == 1 || !cr.in_batch) return;  // written directly by the main kernel / no request's row
   const __half* parts = half_partials(p);
   const float* scales = half_partial_scales(p);
   float m = -INFINITY, denom = 0.f, acc[8];
