@@ -19,7 +19,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_kernel_gpu import gpu_configs, make_batch, random_batch, run_kernel  # noqa: E402
 
-import kernel  # noqa: E402
 from harness import bundles  # noqa: E402
 
 
@@ -27,25 +26,12 @@ def main() -> int:
     smoke = bundles.to_batch(bundles.load("smoke"), "cuda")
     small = random_batch(random.Random(99), torch.device("cuda"), work_cap=3e5)
     one = make_batch(random.Random(98), torch.device("cuda"), [3000], [16], 8)
-    mask, mask_indptr = (t.cuda() for t in kernel.pack_parents(one.parents))
     longer = torch.cat([one.kv_indices, one.kv_indices[:500]])
     longer_q = torch.cat([one.q, one.q[:3]])
     for config in gpu_configs():
         outs = [run_kernel(batch, config=config)[0] for batch in (smoke, small, one)]
-        for q, kv_indices in ((one.q, longer), (longer_q, one.kv_indices)):
-            out = kernel.verify_attention(
-                q,
-                one.kv_cache,
-                kv_indices,
-                one.qo_indptr,
-                one.kv_indptr,
-                mask,
-                mask_indptr,
-                one.sm_scale,
-                validate=False,
-                config=config,
-            )[0]
-            outs.append(out[: one.q.shape[0]])
+        outs.append(run_kernel(one, config, validate=False, kv_indices=longer)[0])
+        outs.append(run_kernel(one, config, validate=False, q=longer_q)[0][: one.q.shape[0]])
         torch.cuda.synchronize()
         for out in outs:
             if not torch.isfinite(out.float()).all():

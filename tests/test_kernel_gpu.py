@@ -105,14 +105,25 @@ def assert_close(out: torch.Tensor, lse: torch.Tensor, batch: VerifyBatch, label
     assert lse_err.max() <= LSE_TOL, f"{label}: lse err {lse_err.max():.3e}"
 
 
-def run_kernel(batch: VerifyBatch, config: str = "auto", validate: bool = True):
+def run_kernel(
+    batch: VerifyBatch,
+    config: str = "auto",
+    validate: bool = True,
+    *,
+    q: torch.Tensor | None = None,
+    kv_indices: torch.Tensor | None = None,
+    extra_mask_words: int = 0,
+):
+    """The kernel on ``batch``; q and kv_indices may be given instead of the batch's (longer ones,
+    for over-allocated buffers), and the packed tree mask may get extra words past its indptr."""
     import kernel
 
     mask, mask_indptr = kernel.pack_parents(batch.parents)
+    mask = torch.cat([mask, torch.full((extra_mask_words,), -1, dtype=mask.dtype)])  # every bit set
     return kernel.verify_attention(
-        batch.q,
+        batch.q if q is None else q,
         batch.kv_cache,
-        batch.kv_indices,
+        batch.kv_indices if kv_indices is None else kv_indices,
         batch.qo_indptr,
         batch.kv_indptr,
         mask.to(batch.device),
@@ -300,22 +311,9 @@ def test_one_request_whose_tensors_run_past_its_indptrs(case: tuple[int, int, in
     tail = torch.where(finite, tail, batch.kv_indices[0])  # slots of rows that hold values
     kv_indices = torch.cat([batch.kv_indices, tail])
     q = torch.cat([batch.q, torch.randn(extra_q, *batch.q.shape[1:], device="cuda").to(torch.bfloat16)])
-    import kernel
-
-    mask, mask_indptr = kernel.pack_parents(batch.parents)
-    mask = torch.cat([mask, torch.full((extra_words,), -1, dtype=mask.dtype)])  # every bit set
     for config in gpu_configs():
-        out, lse = kernel.verify_attention(
-            q,
-            batch.kv_cache,
-            kv_indices,
-            batch.qo_indptr,
-            batch.kv_indptr,
-            mask.cuda(),
-            mask_indptr.cuda(),
-            batch.sm_scale,
-            validate=False,
-            config=config,
+        out, lse = run_kernel(
+            batch, config, validate=False, q=q, kv_indices=kv_indices, extra_mask_words=extra_words
         )
         torch.cuda.synchronize()  # a fault shows here, in this test
         assert_close(out[:num_draft], lse[:num_draft], batch, f"{describe(batch)} {case} config={config}")
