@@ -391,6 +391,76 @@ def test_cuda_graph_replay_equals_eager(config: str) -> None:
     assert torch.equal(lse.view(torch.int32), eager_lse.view(torch.int32))
 
 
+@functools.cache
+def _late_writer():
+    """A Triton kernel that lets the next kernel in the stream launch at its start (a programmatic
+    dependent launch trigger), then spins ~``spin`` dependent multiply-adds before it copies
+    ``src`` into ``dst``: a kernel after it that reads ``dst`` before its griddepcontrol.wait reads
+    what was there before."""
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+
+    try:
+        from triton.language.extra.cuda import gdc_launch_dependents
+    except ImportError:
+        pytest.skip(f"triton {triton.__version__} has no gdc_launch_dependents")
+
+    @triton.jit
+    def late_copy(src, dst, n, spin, BLOCK: tl.constexpr):
+        gdc_launch_dependents()
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        live = offs < n
+        x = tl.load(src + offs, mask=live)
+        acc = tl.full([BLOCK], 1.0, tl.float32)
+        for _ in range(spin):
+            acc = acc * 0.999999 + 1e-6  # stays ~1: the copy below keeps x
+        tl.store(dst + offs, tl.where(acc > 0.5, x, tl.zeros_like(x)), mask=live)
+
+    def write(src: torch.Tensor, dst: torch.Tensor, spin: int = 20000) -> None:
+        n, block = src.numel(), 1024
+        late_copy[(triton.cdiv(n, block),)](src, dst, n, spin, BLOCK=block)
+
+    return write
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_inputs_written_by_the_kernel_just_before(config: str) -> None:
+    """The main kernel launches as a programmatic dependent of the kernel before it (cc >= 9.0):
+    q written by a kernel that allows its dependents to launch at its start and writes q tens of
+    microseconds later must be read as written, eagerly and in a captured graph (q holds NaN
+    until then)."""
+    import kernel
+
+    _needs_config(config)
+    write = _late_writer()
+    batch = make_batch(random.Random(5), torch.device("cuda"), [3000, 70000], [9, 16], 8)
+    mask, mask_indptr = (t.cuda() for t in kernel.pack_parents(batch.parents))
+    q = torch.full_like(batch.q, float("nan"))
+    args = (q, batch.kv_cache, batch.kv_indices, batch.qo_indptr, batch.kv_indptr, mask, mask_indptr)
+    ref_out, ref_lse = kernel.verify_attention(batch.q, *args[1:], batch.sm_scale, config=config)
+    write(batch.q, q)
+    out, lse = kernel.verify_attention(*args, batch.sm_scale, validate=False, config=config)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), "eager: q read before it was written"
+
+    out = torch.empty_like(ref_out)
+    lse = torch.empty_like(ref_lse)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        write(batch.q, q)
+        kernel.verify_attention(*args, batch.sm_scale, out=out, lse=lse, validate=False, config=config)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        write(batch.q, q)
+        kernel.verify_attention(*args, batch.sm_scale, out=out, lse=lse, validate=False, config=config)
+    q.fill_(float("nan"))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), "graph: q read before it was written"
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input: each error names the argument.
 # ---------------------------------------------------------------------------------------------

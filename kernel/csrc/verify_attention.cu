@@ -94,19 +94,27 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
     if (e != cudaSuccess) return e;
     smem_set_on.fetch_or(bit, std::memory_order_relaxed);
   }
-  main_kernel<<<plan.max_items, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  const int rows = p.num_q_rows;
-  e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
-  cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3(rows);
-  lc.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
+  // Compute capability 9.0 and newer (sm_90 and sm_120; griddepcontrol): both kernels launch as
+  // programmatic dependents. The main grid may launch while the kernel before it in the stream
+  // finishes (its CTAs wait in griddepcontrol.wait before they touch global memory), and every
+  // main kernel triggers the combine's launch early. Older devices launch each after the last.
+  cudaLaunchConfig_t mc = {};
+  mc.gridDim = dim3(plan.max_items);
+  mc.blockDim = dim3(Cfg::kThreads);
+  mc.dynamicSmemBytes = Cfg::kSmemBytes;
+  mc.stream = stream;
+  mc.attrs = attr;
+  mc.numAttrs = plan.dependent_combine ? 1 : 0;
+  e = cudaLaunchKernelEx(&mc, main_kernel, p);
+  if (e != cudaSuccess) return e;
+  const int rows = p.num_q_rows;
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(rows);
+  lc.stream = stream;
   lc.attrs = attr;
-  // Every main kernel triggers the combine's launch early (griddepcontrol, compute capability
-  // 9.0 and newer: sm_90 and sm_120); older devices launch it after the main grid.
   lc.numAttrs = plan.dependent_combine ? 1 : 0;
   // Few rows means many splits per row (the plan fills the GPU): 4 groups read a row's splits
   // in parallel. Many rows (few splits each) already fill the GPU with one group per row.

@@ -713,11 +713,14 @@ __device__ __forceinline__ void store_rows(const Params& p, const WorkItem& w, c
   }
 }
 
-// Programmatic dependent launch (compute capability 9.0+: the launcher sets the attribute there).
-// The main kernel lets the combine launch early (the wgmma-ws kernel's CTA 0 once it has published
-// the plan, every other CTA at entry): the combine's blocks then wait in griddepcontrol.wait for
-// the whole main grid (its partials), but their launch overlaps the main grid's tail.
-// Both are no-ops without the launch attribute.
+// Programmatic dependent launch (compute capability 9.0+: the launcher sets the attribute on both
+// kernels there). The main kernel may launch while the kernel before it finishes: each of its
+// threads waits in griddepcontrol.wait before its first global load or store (that kernel may
+// write q or the KV cache, or read a buffer the allocator hands this call). It then lets the
+// combine launch early (the wgmma-ws kernel's CTA 0 once it has published the plan, every other
+// CTA at entry): the combine's blocks wait in griddepcontrol.wait for the whole main grid (its
+// partials), but their launch overlaps the main grid's tail. Both are no-ops without the launch
+// attribute.
 __device__ __forceinline__ void allow_dependent_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -740,6 +743,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   constexpr int kOTiles = kPartDims / 8;     // n8 tiles of O per warp
 
   const int item = blockIdx.x;
+  wait_for_primary_grid();   // the kernel before this one in the stream: before any global access
   allow_dependent_launch();  // the combine may launch (it waits for this grid before it reads)
   __shared__ BlockPlan s_plan;
   plan_block<Cfg>(p, item, &s_plan);
