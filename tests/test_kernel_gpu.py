@@ -394,9 +394,9 @@ def test_cuda_graph_replay_equals_eager(config: str) -> None:
 @functools.cache
 def _late_writer():
     """A Triton kernel that lets the next kernel in the stream launch at its start (a programmatic
-    dependent launch trigger), then spins ~``spin`` dependent multiply-adds before it copies
-    ``src`` into ``dst``: a kernel after it that reads ``dst`` before its griddepcontrol.wait reads
-    what was there before."""
+    dependent launch trigger), spins ``spin_us`` on the global timer, then copies ``src`` into
+    ``dst``: a kernel after it that reads ``dst`` before its griddepcontrol.wait reads what was
+    there before (without the wait, our main kernel reads q's NaN here; kernel/NOTES.md, v38)."""
     triton = pytest.importorskip("triton")
     import triton.language as tl
 
@@ -406,19 +406,23 @@ def _late_writer():
         pytest.skip(f"triton {triton.__version__} has no gdc_launch_dependents")
 
     @triton.jit
-    def late_copy(src, dst, n, spin, BLOCK: tl.constexpr):
-        gdc_launch_dependents()
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        live = offs < n
-        x = tl.load(src + offs, mask=live)
-        acc = tl.full([BLOCK], 1.0, tl.float32)
-        for _ in range(spin):
-            acc = acc * 0.999999 + 1e-6  # stays ~1: the copy below keeps x
-        tl.store(dst + offs, tl.where(acc > 0.5, x, tl.zeros_like(x)), mask=live)
+    def now_ns():
+        return tl.inline_asm_elementwise(
+            "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+        )
 
-    def write(src: torch.Tensor, dst: torch.Tensor, spin: int = 20000) -> None:
-        n, block = src.numel(), 1024
-        late_copy[(triton.cdiv(n, block),)](src, dst, n, spin, BLOCK=block)
+    @triton.jit
+    def late_copy(src, dst, n, spin_ns, BLOCK: tl.constexpr):
+        gdc_launch_dependents()
+        t0 = now_ns()
+        while now_ns() - t0 < spin_ns:
+            pass
+        for start in range(0, n, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
+
+    def write(src: torch.Tensor, dst: torch.Tensor, spin_us: int = 200) -> None:
+        late_copy[(1,)](src, dst, src.numel(), spin_us * 1000, BLOCK=1024)
 
     return write
 
@@ -426,9 +430,8 @@ def _late_writer():
 @pytest.mark.parametrize("config", CONFIGS)
 def test_inputs_written_by_the_kernel_just_before(config: str) -> None:
     """The main kernel launches as a programmatic dependent of the kernel before it (cc >= 9.0):
-    q written by a kernel that allows its dependents to launch at its start and writes q tens of
-    microseconds later must be read as written, eagerly and in a captured graph (q holds NaN
-    until then)."""
+    q written by a kernel that allows its dependents to launch at its start and writes q 200 us
+    later must be read as written, eagerly and in a captured graph (q holds NaN until then)."""
     import kernel
 
     _needs_config(config)
