@@ -691,9 +691,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
 
   const int item = blockIdx.x;
   __shared__ BlockPlan s_plan;
+  wait_for_primary_grid();  // the kernel before this one in the stream: before any global access
   // The combine may launch once every CTA has allowed it; CTA 0 does only after it has published
   // the plan's entries, which the few-row combine reads before its griddepcontrol.wait.
-  wait_for_primary_grid();  // the kernel before this one in the stream: before any global access
   if (item != 0) allow_dependent_launch();
   entry_prefetch(p);
   plan_block<Cfg>(p, item, &s_plan);
