@@ -587,12 +587,19 @@ def kv_table(d: dict[str, Any] | None) -> str:
     return _table(df)
 
 
+def _empty_kernel_us(ceilings: dict[str, Any]) -> float | None:
+    ms = ceilings.get("empty_kernel_ms")
+    return ms * 1000.0 if ms else None
+
+
 def ceilings_table(ceilings: dict[str, Any] | None) -> str:
     if not ceilings:
         return ""
     rows = [
         ("copy bandwidth", _num(ceilings.get("copy_bandwidth_gbs"), ".4g", " GB/s")),
         ("bf16 tensor peak", _num(ceilings.get("bf16_tflops"), ".4g", " TFLOP/s")),
+        # the timing's own floor (no floor uses it); runs before it was measured show "-"
+        ("empty kernel between the events", _num(_empty_kernel_us(ceilings), ".3g", " us")),
         ("method", _text(ceilings.get("method", "-"), "small")),
     ]
     return _table(pd.DataFrame({"ceiling": [_text(k) for k, _ in rows], "value": [v for _, v in rows]}))

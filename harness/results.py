@@ -12,7 +12,7 @@ Top-level layout (``schema_version`` 1)::
     command           the command line that produced it
     git               {sha, dirty, describe}
     environment       {gpu: {...} | null, python, platform, torch, cuda, triton, sglang, build_flags}
-    ceilings          {copy_bandwidth_gbs, bf16_tflops, method} | null  (measured in the same run)
+    ceilings          {copy_bandwidth_gbs, bf16_tflops, method, ..., empty_kernel_ms} | null  (measured in the same run)
     parity            [ParityRow ...]
     sweep             [SweepRow ...]
     unavailable       [{impl, reason}]

@@ -8,6 +8,9 @@ Ceilings are measured in the same run as the cases they judge, with the same clo
 * bf16 tensor peak: an ``n x n x n`` bf16 matmul (n = 8192 by default) on random normal data.
   Zeros would be faster than real data: the power a tensor core draws depends on the bits it
   multiplies, and a power-capped GPU clocks down on real data.
+* the timing's own floor: an empty kernel (a one-element add) timed the same way, between the
+  same two events after the same cold-L2 step. It is shown beside the ceilings and enters no
+  floor: it says how much of a short call's time is launch and events on this box and driver.
 
 Per case, ``floor_ms = max(min_bytes / bandwidth, flops / peak)`` with the bytes and FLOPs of
 :class:`harness.batch.VerifyBatch`; the report shows GB/s, TFLOP/s and the percentage of the
@@ -38,6 +41,7 @@ class Ceilings:
     matmul_n: int
     copy_median_ms: float
     matmul_median_ms: float
+    empty_kernel_ms: float = 0.0  # 0: not measured (runs before it was)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,6 +59,7 @@ class Ceilings:
             matmul_n=int(d.get("matmul_n", 0)),
             copy_median_ms=float(d.get("copy_median_ms", 0.0)),
             matmul_median_ms=float(d.get("matmul_median_ms", 0.0)),
+            empty_kernel_ms=float(d.get("empty_kernel_ms", 0.0)),
         )
 
 
@@ -82,10 +87,15 @@ def _time_matmul(device: torch.device, n: int, gen: torch.Generator) -> Timing:
     )
 
 
+def _time_empty_kernel(device: torch.device) -> Timing:
+    x = torch.zeros(1, device=device)
+    return measure(lambda: x.add_(1), min_samples=20, max_samples=100, max_time_s=0.5, device=device)
+
+
 def measure_ceilings(
     device: torch.device | str = "cuda", *, copy_bytes: int = COPY_BYTES, matmul_n: int = MATMUL_N
 ) -> Ceilings:
-    """Measure copy bandwidth and bf16 matmul throughput on ``device``."""
+    """Measure copy bandwidth and bf16 matmul throughput on ``device``, and the timing's floor."""
     device = torch.device(device)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -98,18 +108,21 @@ def measure_ceilings(
     gen = torch.Generator(device=device).manual_seed(0)
     copy = _time_copy(device, copy_bytes, gen)
     mm = _time_matmul(device, matmul_n, gen)
+    empty = _time_empty_kernel(device)
     return Ceilings(
         copy_bandwidth_gbs=2 * copy_bytes / (copy.median_ms * 1e-3) / 1e9,
         bf16_tflops=2 * matmul_n**3 / (mm.median_ms * 1e-3) / 1e12,
         method=(
             f"median of {copy.stats.n} device-to-device copies of {copy_bytes / 2**30:.2f} GiB "
             f"(read + write counted) and of {mm.stats.n} {matmul_n}^3 bf16 matmuls on random "
-            f"normal data, cold L2 ({copy.cold_l2})"
+            f"normal data, cold L2 ({copy.cold_l2}); the timing's floor: the median of "
+            f"{empty.stats.n} empty kernels (a one-element add) between the same events"
         ),
         copy_bytes=copy_bytes,
         matmul_n=matmul_n,
         copy_median_ms=copy.median_ms,
         matmul_median_ms=mm.median_ms,
+        empty_kernel_ms=empty.median_ms,
     )
 
 

@@ -363,6 +363,7 @@ def merged_ceilings(parts: Sequence[Part]) -> dict[str, Any] | None:
         ),
         copy_median_ms=statistics.median(c.copy_median_ms for c in measured),
         matmul_median_ms=statistics.median(c.matmul_median_ms for c in measured),
+        empty_kernel_ms=statistics.median(c.empty_kernel_ms for c in measured),
     ).to_json()
 
 

@@ -19,6 +19,7 @@ import pytest
 from harness.cli import main as cli_main
 from harness.report import (
     MAX_CASE_BARS,
+    ceilings_table,
     parity_tables,
     prune,
     render_html,
@@ -129,11 +130,19 @@ def test_sweep_rows_show_sm_clock_and_temperature_before_and_after(sweep_html: s
     assert "1980→1755, 52→71" in throttled and "throttled" in throttled
 
 
+def test_ceilings_of_a_run_before_the_empty_kernel_was_timed_show_a_dash() -> None:
+    html = ceilings_table({"copy_bandwidth_gbs": 4000.0, "bf16_tflops": 800.0, "method": "m"})
+    row = html[html.index("empty kernel between the events") :].split("</tr>")[0]
+    assert '<div class="num muted">-</div>' in row
+
+
 def test_sweep_page_shows_environment_and_ceilings(sweep_html: str) -> None:
     env = _section(sweep_html, "environment")
     for text in (
         "4321 GB/s",
         "812.5 TFLOP/s",
+        "empty kernel between the events",
+        "3.55 us",
         "gpu.uuid",
         "GPU-1f3e9a52",
         "gpu.driver",

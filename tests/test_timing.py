@@ -11,6 +11,7 @@ import fcntl
 import statistics
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -310,6 +311,11 @@ def test_ceilings_round_trip_through_json() -> None:
     assert Ceilings.from_json(CEIL.to_json()) == CEIL
     with pytest.raises(ValueError, match="bf16_tflops"):
         Ceilings.from_json({"copy_bandwidth_gbs": 1.0})
+    # runs from before the empty kernel was timed load with 0 (not measured)
+    older = {
+        k: v for k, v in replace(CEIL, empty_kernel_ms=0.004).to_json().items() if k != "empty_kernel_ms"
+    }
+    assert Ceilings.from_json(older).empty_kernel_ms == 0.0
 
 
 def test_measure_ceilings_runs_with_small_sizes_on_the_cpu() -> None:
@@ -317,6 +323,7 @@ def test_measure_ceilings_runs_with_small_sizes_on_the_cpu() -> None:
     assert c.copy_bandwidth_gbs > 0 and c.bf16_tflops > 0
     assert c.copy_bytes == 1 << 22 and c.matmul_n == 128
     assert "random normal" in c.method
+    assert c.empty_kernel_ms > 0 and "empty kernels" in c.method
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,3 +361,5 @@ def test_measure_ceilings_on_the_gpu_reports_plausible_numbers() -> None:
     c = measure_ceilings("cuda", copy_bytes=1 << 30, matmul_n=4096)
     assert 100 < c.copy_bandwidth_gbs < 20_000
     assert 10 < c.bf16_tflops < 5_000
+    # an empty kernel between two events: a microsecond or more, far below a millisecond
+    assert 5e-4 < c.empty_kernel_ms < 0.5
