@@ -527,6 +527,25 @@ def ceilings_note(base: Results, head: Results, *, shift: float = CEILINGS_NOTE_
     )
 
 
+# The timing's own floor (an empty kernel between the events, harness/roofline.py) further apart
+# than this between the runs gets a note: the shortest calls' times move by about the difference.
+EMPTY_KERNEL_NOTE_SHIFT = 0.10
+
+
+def empty_kernel_note(base: Results, head: Results, *, shift: float = EMPTY_KERNEL_NOTE_SHIFT) -> str | None:
+    """A note when both runs timed the empty kernel and its times differ by more than ``shift``."""
+    b, h = ((r.ceilings or {}).get("empty_kernel_ms") for r in (base, head))
+    if not isinstance(b, (int, float)) or not isinstance(h, (int, float)) or b <= 0 or h <= 0:
+        return None
+    change = h / b - 1.0
+    if abs(change) <= shift:
+        return None
+    return (
+        f"an empty kernel between the events took {b * 1e3:.2f} -> {h * 1e3:.2f} us ({change:+.0%}): "
+        "the shortest calls' times move by about that difference with the box, not the code"
+    )
+
+
 def _index(rows: Iterable[Any], key: Any, side: str) -> dict[Any, Any]:
     out: dict[Any, Any] = {}
     for row in rows:
@@ -591,9 +610,12 @@ def compare_results(
             notes.append(
                 "some decided cases were throttled on one side (marked): check clocks before trusting them"
             )
-        note = ceilings_note(base.results, head.results)
-        if note:
-            notes.append(note)
+        for note in (
+            ceilings_note(base.results, head.results),
+            empty_kernel_note(base.results, head.results),
+        ):
+            if note:
+                notes.append(note)
     return Comparison(
         base=base,
         head=head,

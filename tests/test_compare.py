@@ -383,6 +383,22 @@ def test_ceilings_that_moved_get_a_note_with_both_values() -> None:
     assert "% of floor" in note
 
 
+def test_an_empty_kernel_that_moved_gets_a_note_and_one_that_did_not_none() -> None:
+    base = with_ceilings(make_results({"c": timings(0.1, seed=1)}), 779.0, 4264.0)
+    head = with_ceilings(make_results({"c": timings(0.1, seed=2)}), 779.0, 4264.0)
+    base.ceilings["empty_kernel_ms"], head.ceilings["empty_kernel_ms"] = 0.0035, 0.0042
+    c = compare.compare_results(compare.Side("a", base), compare.Side("b", head))
+    (note,) = [n for n in c.notes if "empty kernel" in n]
+    assert "3.50 -> 4.20 us (+20%)" in note
+    assert not any("ceilings" in n for n in c.notes)  # the ceilings themselves did not move
+    head.ceilings["empty_kernel_ms"] = 0.0037  # +6 %: within 10 %
+    c = compare.compare_results(compare.Side("a", base), compare.Side("b", head))
+    assert not any("empty kernel" in n for n in c.notes)
+    del head.ceilings["empty_kernel_ms"]  # a run from before it was timed
+    c = compare.compare_results(compare.Side("a", base), compare.Side("b", head))
+    assert not any("empty kernel" in n for n in c.notes)
+
+
 def test_ceilings_within_two_percent_or_missing_get_no_note() -> None:
     base = with_ceilings(make_results({"c": timings(0.1, seed=1)}), 779.0, 4264.0)
     head = with_ceilings(make_results({"c": timings(0.1, seed=2)}), 770.0, 4300.0)
