@@ -20,6 +20,7 @@ import torch
 
 from harness.batch import QK_DIM, VerifyBatch
 from harness.oracle import reference
+from harness.timing import capture_graph
 from harness.tree import chain, random_tree
 
 pytestmark = pytest.mark.gpu
@@ -447,19 +448,15 @@ def test_inputs_written_by_the_kernel_just_before(config: str) -> None:
 
     out = torch.empty_like(ref_out)
     lse = torch.empty_like(ref_lse)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+
+    def step() -> None:
         write(batch.q, q)
         kernel.verify_attention(*args, batch.sm_scale, out=out, lse=lse, validate=False, config=config)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        write(batch.q, q)
-        kernel.verify_attention(*args, batch.sm_scale, out=out, lse=lse, validate=False, config=config)
+
+    replay = capture_graph(step, torch.device("cuda"), warmup=1)
     q.fill_(float("nan"))
     out.fill_(float("nan"))
-    graph.replay()
+    replay()
     torch.cuda.synchronize()
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), "graph: q read before it was written"
 
