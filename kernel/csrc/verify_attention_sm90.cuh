@@ -252,13 +252,25 @@ __device__ __forceinline__ void store_p_x4(uint32_t sP, int warp_row0, int jj, i
 // KV tile as an MN-major operand: k-steps of 16 keys are 32 B along P's rows and 16 rows
 // (2048 B) down V. Waited for.
 // kKeys keys per tile; kChunk bytes per 64-dim chunk of the tile (kKeys rows x 128 B).
-template <int kKeys = ConfigWgmma::kBlockN, int kChunk = ConfigWgmma::kChunkBytes>
+// kCommitEach: each k-step its own commit group, so that wgmma_wait_pending(n) returns once all
+// but the last n k-steps are done (their 16 keys of V read).
+template <int kKeys = ConfigWgmma::kBlockN, int kChunk = ConfigWgmma::kChunkBytes, bool kCommitEach = false>
 __device__ __forceinline__ void pv_tile_issue(float (&o)[32][4], uint32_t sP, uint32_t sK, int wg) {
   wgmma_fence();
   const uint64_t pa = smem_desc(sP, 16, 1024), vb = smem_desc(sK + wg * 4 * kChunk, kChunk, 1024);
 #pragma unroll
-  for (int kk = 0; kk < kKeys / 16; ++kk) wgmma_m64n256k16_vmn(o, pa + 2 * kk, vb + 128 * kk, 1);
-  wgmma_commit();
+  for (int kk = 0; kk < kKeys / 16; ++kk) {
+    wgmma_m64n256k16_vmn(o, pa + 2 * kk, vb + 128 * kk, 1);
+    if (kCommitEach) wgmma_commit();
+  }
+  if (!kCommitEach) wgmma_commit();
+}
+// wgmma_wait<n> for an n that is a constant once the caller's loop is unrolled (n <= 3).
+__device__ __forceinline__ void wgmma_wait_pending(int n) {
+  if (n <= 0) wgmma_wait<0>();
+  else if (n == 1) wgmma_wait<1>();
+  else if (n == 2) wgmma_wait<2>();
+  else wgmma_wait<3>();
 }
 __device__ __forceinline__ void pv_tile_wait(float (&o)[32][4]) {
   wgmma_wait<0>();
@@ -488,6 +500,10 @@ struct ConfigWgmmaWsT {
 // build flag so that tuning runs can time both from one tree.
 #ifndef VA_WS_BLOCK_N
 #define VA_WS_BLOCK_N 48
+#endif
+// The next tile's gather interleaved with PV's k-steps (kernel/NOTES.md, v39): 0 off.
+#ifndef VA_WS_PV_SPLIT
+#define VA_WS_PV_SPLIT 0
 #endif
 #if VA_WS_BLOCK_N == 32
 #define VA_WS_STAGES 5
@@ -851,15 +867,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       for (int k = 0; k < kRowsPer; ++k) s.v[k] = fetch_slot(tile, ld_row + 16 * k);
       return s;
     };
+    // Rows ld_row + 16 k of a tile; rows past the split, and slots outside the pool, are
+    // zero-filled (never read).
+    auto load_rows = [&](int slot, int k, int stage) {
+      const bool ok = slot >= 0 && slot < p.num_slots;
+      const __nv_bfloat16* src = p.kv + (ok ? static_cast<int64_t>(slot) * kQKDim : 0);
+      copy_row_line<Cfg::kChunkBytes>(sKV + stage * Cfg::kTileBytes, ld_row + 16 * k, ld_u, half, src, ok, kv_policy);
+    };
     auto load_tile = [&](const Slots& slots, int stage) {
 #pragma unroll
-      for (int k = 0; k < kRowsPer; ++k) {
-        // Rows past the split, and slots outside the pool, are zero-filled (never read).
-        const int slot = slots.v[k];
-        const bool ok = slot >= 0 && slot < p.num_slots;
-        const __nv_bfloat16* src = p.kv + (ok ? static_cast<int64_t>(slot) * kQKDim : 0);
-        copy_row_line<Cfg::kChunkBytes>(sKV + stage * Cfg::kTileBytes, ld_row + 16 * k, ld_u, half, src, ok, kv_policy);
-      }
+      for (int k = 0; k < kRowsPer; ++k) load_rows(slots.v[k], k, stage);
     };
     // Tile 0 alone first: at the start every SM's L2 -> SM bandwidth is what limits, so tile 0
     // (and WG0's Q) land before tiles 1.. are asked for.
@@ -887,11 +904,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       const float alpha_lo = sAlpha[r_lo], alpha_hi = sAlpha[r_lo + 8];
       rescale_o_lazy(o, alpha_lo, alpha_hi);
       const uint32_t sK = sKV + (tile % kStages) * Cfg::kTileBytes;
+#if VA_WS_PV_SPLIT
+      // Each k-step of PV reads V rows 16 k .. 16 k + 15 of this warpgroup's chunks, which are
+      // the rows ld_row + 16 k that its gather writes: the next gather's rows k go out as soon as
+      // k-step k is done, under the later k-steps (VA_WS_PV_SPLIT=1; =2: rows 0 .. kRowsPer - 2
+      // once all but the last k-step are done).
+      pv_tile_issue<kBN, Cfg::kChunkBytes, true>(o, sP, sK, half);
+      const bool refill = tile + kStages < num_tiles;
+#pragma unroll
+      for (int k = 0; k < kRowsPer; ++k) {
+        if (k == kRowsPer - 1) {
+          pv_tile_wait(o);
+          named_bar_arrive(kBarPVDone, kThreads);
+        } else if (VA_WS_PV_SPLIT == 1 || k == 0) {
+          wgmma_wait_pending(VA_WS_PV_SPLIT == 1 ? kRowsPer - 1 - k : 1);
+        }
+        if (refill) load_rows(next_slots.v[k], k, tile % kStages);
+      }
+#else
       pv_tile_issue<kBN, Cfg::kChunkBytes>(o, sP, sK, half);
       pv_tile_wait(o);
       named_bar_arrive(kBarPVDone, kThreads);
       // This warpgroup's chunks of the stage are free now (QK of this tile finished before P).
       if (tile + kStages < num_tiles) load_tile(next_slots, tile % kStages);
+#endif
       cp_async_commit();
     }
     cp_async_wait<0>();
