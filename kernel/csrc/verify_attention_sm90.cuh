@@ -501,10 +501,6 @@ struct ConfigWgmmaWsT {
 #ifndef VA_WS_BLOCK_N
 #define VA_WS_BLOCK_N 48
 #endif
-// The next tile's gather interleaved with PV's k-steps (kernel/NOTES.md, v39): 0 off.
-#ifndef VA_WS_PV_SPLIT
-#define VA_WS_PV_SPLIT 0
-#endif
 #if VA_WS_BLOCK_N == 32
 #define VA_WS_STAGES 5
 #else
@@ -894,7 +890,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       cp_async_commit();
     }
     for (int tile = 0; tile < num_tiles; ++tile) {
-      const auto next_slots = fetch_slots(tile + kStages);  // consumed after this tile's PV
+      const auto next_slots = fetch_slots(tile + kStages);  // consumed under this tile's PV
       // The next tile (gathered kStages - 1 tiles ago) should have landed; WG0 may start its QK
       // before it hands over this tile's P.
       cp_async_wait<kStages - 2>();
@@ -904,30 +900,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       const float alpha_lo = sAlpha[r_lo], alpha_hi = sAlpha[r_lo + 8];
       rescale_o_lazy(o, alpha_lo, alpha_hi);
       const uint32_t sK = sKV + (tile % kStages) * Cfg::kTileBytes;
-#if VA_WS_PV_SPLIT
-      // Each k-step of PV reads V rows 16 k .. 16 k + 15 of this warpgroup's chunks, which are
-      // the rows ld_row + 16 k that its gather writes: the next gather's rows k go out as soon as
-      // k-step k is done, under the later k-steps (VA_WS_PV_SPLIT=1; =2: rows 0 .. kRowsPer - 2
-      // once all but the last k-step are done).
+      // PV's k-step k reads V rows 16 k .. 16 k + 15 of this warpgroup's chunks, the rows
+      // ld_row + 16 k that its gather writes: the next gather's row group k goes out as soon as
+      // k-step k is done, under the later k-steps (kernel/NOTES.md, v39). QK of this tile finished
+      // before P, so the RoPE chunk is free throughout.
       pv_tile_issue<kBN, Cfg::kChunkBytes, true>(o, sP, sK, half);
       const bool refill = tile + kStages < num_tiles;
 #pragma unroll
       for (int k = 0; k < kRowsPer; ++k) {
-        if (k == kRowsPer - 1) {
+        if (k < kRowsPer - 1) {
+          wgmma_wait_pending(kRowsPer - 1 - k);
+        } else {
           pv_tile_wait(o);
           named_bar_arrive(kBarPVDone, kThreads);
-        } else if (VA_WS_PV_SPLIT == 1 || k == 0) {
-          wgmma_wait_pending(VA_WS_PV_SPLIT == 1 ? kRowsPer - 1 - k : 1);
         }
         if (refill) load_rows(next_slots.v[k], k, tile % kStages);
       }
-#else
-      pv_tile_issue<kBN, Cfg::kChunkBytes>(o, sP, sK, half);
-      pv_tile_wait(o);
-      named_bar_arrive(kBarPVDone, kThreads);
-      // This warpgroup's chunks of the stage are free now (QK of this tile finished before P).
-      if (tile + kStages < num_tiles) load_tile(next_slots, tile % kStages);
-#endif
       cp_async_commit();
     }
     cp_async_wait<0>();
