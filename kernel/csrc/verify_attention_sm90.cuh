@@ -508,27 +508,6 @@ struct ConfigWgmmaWsT {
 #endif
 using ConfigWgmmaWs = ConfigWgmmaWsT<VA_WS_BLOCK_N, VA_WS_STAGES>;
 
-// Part of WG0's exponentials by a cubic on the FMA pipe instead of the SM's 16 MUFU lanes a
-// clock (build switch, kernel/NOTES.md v40: VA_WS_EXP_POLY n8 tiles of a thread's kNT; 0 off).
-// The idea is FlashAttention-4's (Blackwell), which emulates part of exp2 the same way.
-#ifndef VA_WS_EXP_POLY
-#define VA_WS_EXP_POLY 0
-#endif
-// 2^x: x = j + f, j = rint(x) (the 1.5 * 2^23 shift), 2^f on [-0.5, 0.5] by a cubic fitted for
-// relative error (fit 7.5e-5, 1.5e-4 in float arithmetic: under P's bf16 rounding, 2^-9), j added to
-// the exponent bits.
-// x < -126 (a masked key's -inf among them) gives 0, as ex2.approx.ftz does; NaN gives NaN.
-__device__ __forceinline__ float exp2_poly(float x) {
-  constexpr float kShift = 12582912.f;  // 1.5 * 2^23
-  const float xc = fmaxf(x, -126.f);
-  const float t = __fadd_rn(xc, kShift);
-  const float f = __fsub_rn(xc, __fsub_rn(t, kShift));
-  const float p = fmaf(fmaf(fmaf(0.055171407759189606f, f, 0.24261075258255005f), f, 0.6932609677314758f), f,
-                       0.9999281167984009f);
-  const float r = __int_as_float(__float_as_int(p) + ((__float_as_int(t) - __float_as_int(kShift)) << 23));
-  return x < -126.f ? 0.f : __fadd_rn(r, __fsub_rn(x, x));
-}
-
 __device__ __forceinline__ void named_bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
@@ -825,11 +804,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       uint32_t pk[kNT][2];
 #pragma unroll
       for (int j = 0; j < kNT; ++j) {
-        constexpr int kPoly = VA_WS_EXP_POLY;
-        const bool poly = kPoly >= kNT || (kPoly * 2 == kNT && j % 2 == 1) || (kPoly * 3 == kNT && j % 3 == 2);
-        auto ex2 = [poly](float x) { return poly ? exp2_poly(x) : fast_exp2(x); };
-        const float p0 = ex2(fmaf(s[j][0], scale, -ref_lo)), p1 = ex2(fmaf(s[j][1], scale, -ref_lo));
-        const float p2 = ex2(fmaf(s[j][2], scale, -ref_hi)), p3 = ex2(fmaf(s[j][3], scale, -ref_hi));
+        const float p0 = fast_exp2(fmaf(s[j][0], scale, -ref_lo)), p1 = fast_exp2(fmaf(s[j][1], scale, -ref_lo));
+        const float p2 = fast_exp2(fmaf(s[j][2], scale, -ref_hi)), p3 = fast_exp2(fmaf(s[j][3], scale, -ref_hi));
         sum_lo += p0 + p1;
         sum_hi += p2 + p3;
         pk[j][0] = pack_bf16(p0, p1);
