@@ -501,12 +501,6 @@ struct ConfigWgmmaWsT {
 #ifndef VA_WS_BLOCK_N
 #define VA_WS_BLOCK_N 48
 #endif
-#ifndef VA_WS_HOIST_MASK
-#define VA_WS_HOIST_MASK 1
-#endif
-#ifndef VA_WS_TREE_MAX
-#define VA_WS_TREE_MAX 1
-#endif
 #if VA_WS_BLOCK_N == 32
 #define VA_WS_STAGES 5
 #else
@@ -765,14 +759,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     // at the end) in shared memory: the two registers are what the masked path needs next to Q.
     float m_lo = -INFINITY, m_hi = -INFINITY;
     sSum[tid] = make_float2(0.f, 0.f);
-#if VA_WS_HOIST_MASK
     // The first tile that reaches past the split or into the draft tokens (tile_needs_mask), from
     // the work item once, so that each tile's test needs no load of it.
     const int first_masked = [&] {
       const int x = min(w.kv_end, w.draft_begin) - kBN - w.kv_begin;
       return x < 0 ? 0 : x / kBN + 1;
     }();
-#endif
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int stage = tile % kStages;
       named_bar_sync(kBarFull + stage, kThreads);  // tile landed
@@ -785,11 +777,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       fence_regs(s);
 
       const int t0 = w.kv_begin + tile * kBN;
-#if VA_WS_HOIST_MASK
-      if (tile >= first_masked) {
-#else
-      if (tile_needs_mask(w, t0, kBN)) {
-#endif
+      if (tile >= first_masked) {  // tile_needs_mask(w, t0, kBN), without loading w
         // Each row's window of visibility bits (its keys are pos0 + 8 j + 0/1, j < kNT: 42 keys).
         static_assert(8 * (kNT - 1) + 2 <= 64, "a thread's keys of a tile fit one 64-key window");
         const int pos0 = t0 + (lane % 4) * 2;
@@ -801,9 +789,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
           for (int e = 0; e < 4; ++e)
             if (!(((e & 2) ? vis_hi : vis_lo) >> (8 * j + (e & 1)) & 1ull)) s[j][e] = -INFINITY;
       }
-      // Row maxima of the raw scores, then scaled (the scale is positive); the scale is folded into
-      // the exponent's FMA below.
-#if VA_WS_TREE_MAX
+      // Row maxima of the raw scores as a pairwise tree (depth 4 for 48 keys; a linear chain was 12
+      // dependent steps on WG0's chain, kernel/NOTES.md v41), then scaled (the scale is positive);
+      // the scale is folded into the exponent's FMA below.
       float a_lo[kNT], a_hi[kNT];
 #pragma unroll
       for (int j = 0; j < kNT; ++j) {
@@ -818,14 +806,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
           a_hi[j] = fmaxf(a_hi[j], a_hi[j + d]);
         }
       float mx_lo = a_lo[0], mx_hi = a_hi[0];
-#else
-      float mx_lo = -INFINITY, mx_hi = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-        mx_lo = fmaxf(mx_lo, fmaxf(s[j][0], s[j][1]));
-        mx_hi = fmaxf(mx_hi, fmaxf(s[j][2], s[j][3]));
-      }
-#endif
       quad_max(mx_lo, mx_hi);
       const float scale = p.scale_log2;
       mx_lo = fmaxf(m_lo, mx_lo * scale);
