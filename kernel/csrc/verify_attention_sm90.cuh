@@ -501,11 +501,6 @@ struct ConfigWgmmaWsT {
 #ifndef VA_WS_BLOCK_N
 #define VA_WS_BLOCK_N 48
 #endif
-// The row sums by the PV warpgroups from the bf16 P they multiply (kernel/NOTES.md v43): 0 builds
-// WG0's fp32 sums of the unrounded P.
-#ifndef VA_WS_PV_ROWSUM
-#define VA_WS_PV_ROWSUM 1
-#endif
 #if VA_WS_BLOCK_N == 32
 #define VA_WS_STAGES 5
 #else
@@ -763,9 +758,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     // Running max in registers; each thread's partial row sums (its 8 keys of a tile, quad-summed
     // at the end) in shared memory: the two registers are what the masked path needs next to Q.
     float m_lo = -INFINITY, m_hi = -INFINITY;
-#if !VA_WS_PV_ROWSUM
     sSum[tid] = make_float2(0.f, 0.f);
-#endif
     // The first tile that reaches past the split or into the draft tokens (tile_needs_mask), from
     // the work item once, so that each tile's test needs no load of it.
     const int first_masked = [&] {
@@ -828,23 +821,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       for (int j = 0; j < kNT; ++j) {
         const float p0 = fast_exp2(fmaf(s[j][0], scale, -ref_lo)), p1 = fast_exp2(fmaf(s[j][1], scale, -ref_lo));
         const float p2 = fast_exp2(fmaf(s[j][2], scale, -ref_hi)), p3 = fast_exp2(fmaf(s[j][3], scale, -ref_hi));
-#if !VA_WS_PV_ROWSUM
         sum_lo += p0 + p1;
         sum_hi += p2 + p3;
-#endif
         pk[j][0] = pack_bf16(p0, p1);
         pk[j][1] = pack_bf16(p2, p3);
         if (j % 2 == 1) store_p_x4(sP, (warp % 4) * 16, j / 2, lane, pk[j - 1][0], pk[j - 1][1], pk[j][0], pk[j][1]);
       }
-#if VA_WS_PV_ROWSUM
-      (void)sum_lo;
-      (void)sum_hi;
-      // The final row maxima travel with the last tile's P, through the same hand-off.
-      if (tile == num_tiles - 1 && lane % 4 == 0) {
-        sStat[r_lo] = m_lo;
-        sStat[r_lo + 8] = m_hi;
-      }
-#else
       {
         const float2 l0 = sSum[tid];
         float l_lo = l0.x * alpha_lo + sum_lo, l_hi = l0.y * alpha_hi + sum_hi;
@@ -860,7 +842,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
           }
         }
       }
-#endif
       if (lane % 4 == 0) {
         sAlpha[r_lo] = alpha_lo;
         sAlpha[r_lo + 8] = alpha_hi;
@@ -915,10 +896,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     float o[32][4];
 #pragma unroll
     for (int j = 0; j < 32; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-#if VA_WS_PV_ROWSUM
-    const int sum_row = (ptid / 32) * 16 + lane / 2;  // the row whose sum this lane keeps
-    float l_row = 0.f;
-#endif
     cp_async_wait<0>();
     fence_proxy_async();
     named_bar_arrive(kBarFull + 0, kThreads);
@@ -943,29 +920,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       // k-step k is done, under the later k-steps (kernel/NOTES.md, v39). QK of this tile finished
       // before P, so the RoPE chunk is free throughout.
       pv_tile_issue<kBN, Cfg::kChunkBytes, true>(o, sP, sK, half);
-#if VA_WS_PV_ROWSUM
-      // This tile's row sums, from the bf16 P that PV multiplies, while PV runs: lanes 2 r', 2 r' + 1
-      // of warp w sum row 16 w + r' (half of its 8-key units each, then each other's), the same in
-      // both warpgroups; l = l * alpha + sum, in a fixed order (deterministic).
-      {
-        constexpr int kUnits = kBN / 8, kMine = kUnits / 2;
-        static_assert(kUnits % 2 == 0, "P's 8-key units split evenly over a row's two lanes");
-        const uint32_t row_addr = sP + sum_row * 128;
-        float part = 0.f;
-#pragma unroll
-        for (int u = 0; u < kMine; ++u) {
-          const int unit = kMine * (lane & 1) + u;
-          uint32_t v[4];
-          asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                       : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
-                       : "r"(row_addr + ((unit ^ (sum_row & 7)) << 4)));
-#pragma unroll
-          for (int e = 0; e < 4; ++e) part += __uint_as_float(v[e] << 16) + __uint_as_float(v[e] & 0xffff0000u);
-        }
-        part += __shfl_xor_sync(0xffffffffu, part, 1);
-        l_row = fmaf(l_row, sAlpha[sum_row], part);
-      }
-#endif
       const bool refill = tile + kStages < num_tiles;
 #pragma unroll
       for (int k = 0; k < kRowsPer; ++k) {
@@ -983,13 +937,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     // Row statistics: written by WG0 before its last bar_p_ready arrive, which this warpgroup
     // waited for.
     const float m_lo = sStat[r_lo], m_hi = sStat[r_lo + 8];
-#if VA_WS_PV_ROWSUM
-    // Rows r_lo and r_lo + 8 are kept by lanes 2 (lane / 4) and 16 + 2 (lane / 4) of this warp.
-    const float l_lo = __shfl_sync(0xffffffffu, l_row, 2 * (lane / 4));
-    const float l_hi = __shfl_sync(0xffffffffu, l_row, 16 + 2 * (lane / 4));
-#else
     const float l_lo = sStat[64 + r_lo], l_hi = sStat[64 + r_lo + 8];
-#endif
     if (w.num_splits > 1)
       store_partial_half(p, w, o, m_lo, m_hi, l_lo, l_hi, r_lo, half, ptid, smem_raw + (base - raw),
                          kBarEpilogue);
