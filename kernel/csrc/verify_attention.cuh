@@ -776,13 +776,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   const int64_t q_row_base = w.q_row_base;
   const int valid_rows = w.valid_rows;
   const int kv_begin = w.kv_begin, kv_end = w.kv_end;
-  // The first tile that reaches past the split or into the draft tokens (tile_needs_mask), from the
-  // work item once: with the item in shared memory (4 warps a row group), each tile's test would
-  // otherwise load it after the tile's barriers (kernel/NOTES.md v41, v44).
-  const int first_masked = [&] {
-    const int x = min(kv_end, w.draft_begin) - kBN - kv_begin;
-    return x < 0 ? 0 : x / kBN + 1;
-  }();
 
   // ---- Q tile -> shared memory (zero rows past the request's last row), unless it lives in registers
   if constexpr (!Cfg::kQInRegisters) {
@@ -995,7 +988,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
       }
       // ---- scale, mask (only tiles that reach the split end or the draft tokens), row maxima
       const int pos0 = kv_begin + tile * kBN;
-      const bool needs_mask = tile >= first_masked;  // tile_needs_mask(w, pos0, kBN)
+      const bool needs_mask = tile_needs_mask(w, pos0, kBN);
       float mx_lo = m_lo, mx_hi = m_hi;
 #pragma unroll
       for (int i = 0; i < kOwn; ++i) {
@@ -1080,7 +1073,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
       }
       // ---- scale, mask (only tiles that reach the split end or the draft tokens)
       const int pos0 = kv_begin + tile * kBN;
-      const bool needs_mask = tile >= first_masked;  // tile_needs_mask(w, pos0, kBN)
+      const bool needs_mask = tile_needs_mask(w, pos0, kBN);
 #pragma unroll
       for (int j = 0; j < kNT; ++j) {
 #pragma unroll
