@@ -615,6 +615,13 @@ __device__ __forceinline__ int row_token(const WorkItem& w, int r, int num_heads
 __device__ __forceinline__ bool tile_needs_mask(const WorkItem& w, int t0, int bn) {
   return t0 + bn > w.kv_end || t0 + bn > w.draft_begin;
 }
+// The same rule as a tile index: tile t of the split (t0 = kv_begin + t bn) needs masking exactly
+// when t >= first_masked_tile(w, bn). Computed once, it keeps the item's loads out of a tile loop
+// (kernel/NOTES.md, v41).
+__device__ __forceinline__ int first_masked_tile(const WorkItem& w, int bn) {
+  const int x = min(w.kv_end, w.draft_begin) - bn - w.kv_begin;
+  return x < 0 ? 0 : x / bn + 1;
+}
 
 // Is key position pos (global) visible to draft token tok?
 __device__ __forceinline__ bool key_visible(const WorkItem& w, int pos, int tok) {

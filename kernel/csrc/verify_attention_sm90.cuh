@@ -759,12 +759,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     // at the end) in shared memory: the two registers are what the masked path needs next to Q.
     float m_lo = -INFINITY, m_hi = -INFINITY;
     sSum[tid] = make_float2(0.f, 0.f);
-    // The first tile that reaches past the split or into the draft tokens (tile_needs_mask), from
-    // the work item once, so that each tile's test needs no load of it.
-    const int first_masked = [&] {
-      const int x = min(w.kv_end, w.draft_begin) - kBN - w.kv_begin;
-      return x < 0 ? 0 : x / kBN + 1;
-    }();
+    // From the work item once, so that each tile's mask test needs no load of it.
+    const int first_masked = first_masked_tile(w, kBN);
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int stage = tile % kStages;
       named_bar_sync(kBarFull + stage, kThreads);  // tile landed
