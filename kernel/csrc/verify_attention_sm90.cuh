@@ -134,58 +134,15 @@ __device__ __forceinline__ void wgmma_m64n48k16_rs(float (&d)[6][4], const uint3
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
-// The halves of a 48-key S tile when QK is issued as two groups (VA_QK_SPLIT): 16 or 24 keys.
-__device__ __forceinline__ void wgmma_m64n16k16(float (&d)[2][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7}, "
-      "%8, %9, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-__device__ __forceinline__ void wgmma_m64n16k16_rs(float (&d)[2][4], const uint32_t (&a)[4], uint64_t desc_b,
-                                                   int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7}, "
-      "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-}
-__device__ __forceinline__ void wgmma_m64n24k16(float (&d)[3][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %14, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, "
-      "%12, %13, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-__device__ __forceinline__ void wgmma_m64n24k16_rs(float (&d)[3][4], const uint32_t (&a)[4], uint64_t desc_b,
-                                                   int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %17, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, "
-      "{%12, %13, %14, %15}, %16, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-}
-// S tile shapes by key count: kNT n8 tiles (16, 24, 32 or 48 keys).
+// S tile shapes by key count: kNT n8 tiles (32 or 48 keys).
 template <int kNT>
 __device__ __forceinline__ void wgmma_qk_ss(float (&d)[kNT][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  if constexpr (kNT == 2) wgmma_m64n16k16(d, desc_a, desc_b, scale_d);
-  else if constexpr (kNT == 3) wgmma_m64n24k16(d, desc_a, desc_b, scale_d);
-  else if constexpr (kNT == 4) wgmma_m64n32k16(d, desc_a, desc_b, scale_d);
+  if constexpr (kNT == 4) wgmma_m64n32k16(d, desc_a, desc_b, scale_d);
   else wgmma_m64n48k16(d, desc_a, desc_b, scale_d);
 }
 template <int kNT>
 __device__ __forceinline__ void wgmma_qk_rs(float (&d)[kNT][4], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
-  if constexpr (kNT == 2) wgmma_m64n16k16_rs(d, a, desc_b, scale_d);
-  else if constexpr (kNT == 3) wgmma_m64n24k16_rs(d, a, desc_b, scale_d);
-  else if constexpr (kNT == 4) wgmma_m64n32k16_rs(d, a, desc_b, scale_d);
+  if constexpr (kNT == 4) wgmma_m64n32k16_rs(d, a, desc_b, scale_d);
   else wgmma_m64n48k16_rs(d, a, desc_b, scale_d);
 }
 // D[64 x 256] (+)= A[64 x 16] B[16 x 256]; A K-major, B MN-major (transposed) in shared memory.
@@ -550,10 +507,6 @@ struct ConfigWgmmaWsT {
 #define VA_WS_STAGES 3
 #endif
 using ConfigWgmmaWs = ConfigWgmmaWsT<VA_WS_BLOCK_N, VA_WS_STAGES>;
-// WG0's QK as one group of kBlockN keys (0) or two, the first of VA_QK_SPLIT n8 tiles (v45).
-#ifndef VA_QK_SPLIT
-#define VA_QK_SPLIT 0
-#endif
 
 __device__ __forceinline__ void named_bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
@@ -811,97 +764,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int stage = tile % kStages;
       named_bar_sync(kBarFull + stage, kThreads);  // tile landed
-      const float scale = p.scale_log2;
-      // A masked tile's scores of n8 tiles j0.. of S (each row's window of visibility bits: its keys
-      // are pos0 + 8 j + 0/1, j < kNT: 42 keys).
-      static_assert(8 * (kNT - 1) + 2 <= 64, "a thread's keys of a tile fit one 64-key window");
-      auto apply_mask = [&](auto& sp, int j0) {
-        constexpr int kN = sizeof(sp) / sizeof(sp[0]);
-        const int pos0 = w.kv_begin + tile * kBN + (lane % 4) * 2;
-        const int tok_lo = row_token(w, r_lo, p.num_heads), tok_hi = row_token(w, r_lo + 8, p.num_heads);
-        const uint64_t vis_lo = visible_window(w, pos0, tok_lo), vis_hi = visible_window(w, pos0, tok_hi);
-#pragma unroll
-        for (int j = 0; j < kN; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (!(((e & 2) ? vis_hi : vis_lo) >> (8 * (j0 + j) + (e & 1)) & 1ull)) sp[j][e] = -INFINITY;
-      };
-      // Row maxima of the raw scores of n8 tiles as a pairwise tree (depth 4 for 48 keys; a linear
-      // chain was 12 dependent steps on WG0's chain, kernel/NOTES.md v41), over the row's quad.
-      auto row_max = [&](const auto& sp, float& mx_lo, float& mx_hi) {
-        constexpr int kN = sizeof(sp) / sizeof(sp[0]);
-        float a_lo[kN], a_hi[kN];
-#pragma unroll
-        for (int j = 0; j < kN; ++j) {
-          a_lo[j] = fmaxf(sp[j][0], sp[j][1]);
-          a_hi[j] = fmaxf(sp[j][2], sp[j][3]);
-        }
-#pragma unroll
-        for (int d = 1; d < kN; d *= 2)
-#pragma unroll
-          for (int j = 0; j + d < kN; j += 2 * d) {
-            a_lo[j] = fmaxf(a_lo[j], a_lo[j + d]);
-            a_hi[j] = fmaxf(a_hi[j], a_hi[j + d]);
-          }
-        mx_lo = a_lo[0];
-        mx_hi = a_hi[0];
-        quad_max(mx_lo, mx_hi);
-      };
-      float sum_lo = 0.f, sum_hi = 0.f;
-      uint32_t pk[kNT][2];
-      // P of n8 tiles j0.. (scores sp) against the references; sums continue in key order; each
-      // complete pair of n8 tiles goes out with stmatrix (a pair across j0 takes pk[j0 - 1]).
-      auto exp_part = [&](const auto& sp, int j0, float ref_lo, float ref_hi) {
-        constexpr int kN = sizeof(sp) / sizeof(sp[0]);
-#pragma unroll
-        for (int i = 0; i < kN; ++i) {
-          const int j = j0 + i;
-          const float p0 = fast_exp2(fmaf(sp[i][0], scale, -ref_lo)), p1 = fast_exp2(fmaf(sp[i][1], scale, -ref_lo));
-          const float p2 = fast_exp2(fmaf(sp[i][2], scale, -ref_hi)), p3 = fast_exp2(fmaf(sp[i][3], scale, -ref_hi));
-          sum_lo += p0 + p1;
-          sum_hi += p2 + p3;
-          pk[j][0] = pack_bf16(p0, p1);
-          pk[j][1] = pack_bf16(p2, p3);
-          if (j % 2 == 1) store_p_x4(sP, (warp % 4) * 16, j / 2, lane, pk[j - 1][0], pk[j - 1][1], pk[j][0], pk[j][1]);
-        }
-      };
-      float alpha_lo, alpha_hi;
-#if VA_QK_SPLIT
-      // QK as two groups of keys (kernel/NOTES.md v45): the first group's softmax runs while the
-      // tensor pipe computes the second's scores. Its P is computed against the current reference
-      // unless the first group alone moves it; if the whole tile moves it (decided exactly as in one
-      // group), the first group's P is computed again: the same arithmetic in the same order.
-      constexpr int kNA = VA_QK_SPLIT, kNB = kNT - kNA;
-      static_assert(kNA > 0 && kNB > 0, "two groups of n8 tiles (each 8 keys: whole swizzle atoms of K)");
-      float sa[kNA][4], sb[kNB][4];
-      const uint32_t sK = sKV + stage * Cfg::kTileBytes;
-      qk_tile_rs_issue<kNA, Cfg::kChunkBytes>(sa, qa, sQRope, sK);
-      qk_tile_rs_issue<kNB, Cfg::kChunkBytes>(sb, qa, sQRope, sK + kNA * 8 * 128);
-      if (tile > 0) named_bar_sync(kBarPVDone, kThreads);
-      wgmma_wait<1>();
-      fence_regs(sa);
-      const bool masked = tile >= first_masked;  // tile_needs_mask(w, t0, kBN), without loading w
-      if (masked) apply_mask(sa, 0);
-      float ma_lo, ma_hi;
-      row_max(sa, ma_lo, ma_hi);
-      const bool keep = !(fmaxf(m_lo, ma_lo * scale) > m_lo + kRescaleThreshold) &&
-                        !(fmaxf(m_hi, ma_hi * scale) > m_hi + kRescaleThreshold);
-      if (keep) exp_part(sa, 0, row_ref(m_lo), row_ref(m_hi));
-      wgmma_wait<0>();
-      fence_regs(sb);
-      if (masked) apply_mask(sb, kNA);
-      float mb_lo, mb_hi;
-      row_max(sb, mb_lo, mb_hi);
-      const float m0_lo = m_lo, m0_hi = m_hi;
-      advance_max_threshold(m_lo, m_hi, fmaxf(m_lo, fmaxf(ma_lo, mb_lo) * scale), fmaxf(m_hi, fmaxf(ma_hi, mb_hi) * scale),
-                            alpha_lo, alpha_hi);
-      const float ref_lo = row_ref(m_lo), ref_hi = row_ref(m_hi);
-      if (!keep || m_lo != m0_lo || m_hi != m0_hi) {
-        sum_lo = sum_hi = 0.f;
-        exp_part(sa, 0, ref_lo, ref_hi);
-      }
-      exp_part(sb, kNA, ref_lo, ref_hi);
-#else
       float s[kNT][4];
       qk_tile_rs_issue<kNT, Cfg::kChunkBytes>(s, qa, sQRope, sKV + stage * Cfg::kTileBytes);
       // The previous tile's PV done with P (this tile's P overwrites it): waited for while QK runs,
@@ -909,18 +771,58 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       if (tile > 0) named_bar_sync(kBarPVDone, kThreads);
       wgmma_wait<0>();
       fence_regs(s);
-      if (tile >= first_masked) apply_mask(s, 0);  // tile_needs_mask(w, t0, kBN), without loading w
-      // The scale is positive: the maxima of the raw scores, scaled; the scale is folded into the
-      // exponent's FMA below.
-      float mx_lo, mx_hi;
-      row_max(s, mx_lo, mx_hi);
+
+      const int t0 = w.kv_begin + tile * kBN;
+      if (tile >= first_masked) {  // tile_needs_mask(w, t0, kBN), without loading w
+        // Each row's window of visibility bits (its keys are pos0 + 8 j + 0/1, j < kNT: 42 keys).
+        static_assert(8 * (kNT - 1) + 2 <= 64, "a thread's keys of a tile fit one 64-key window");
+        const int pos0 = t0 + (lane % 4) * 2;
+        const int tok_lo = row_token(w, r_lo, p.num_heads), tok_hi = row_token(w, r_lo + 8, p.num_heads);
+        const uint64_t vis_lo = visible_window(w, pos0, tok_lo), vis_hi = visible_window(w, pos0, tok_hi);
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (!(((e & 2) ? vis_hi : vis_lo) >> (8 * j + (e & 1)) & 1ull)) s[j][e] = -INFINITY;
+      }
+      // Row maxima of the raw scores as a pairwise tree (depth 4 for 48 keys; a linear chain was 12
+      // dependent steps on WG0's chain, kernel/NOTES.md v41), then scaled (the scale is positive);
+      // the scale is folded into the exponent's FMA below.
+      float a_lo[kNT], a_hi[kNT];
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        a_lo[j] = fmaxf(s[j][0], s[j][1]);
+        a_hi[j] = fmaxf(s[j][2], s[j][3]);
+      }
+#pragma unroll
+      for (int d = 1; d < kNT; d *= 2)
+#pragma unroll
+        for (int j = 0; j + d < kNT; j += 2 * d) {
+          a_lo[j] = fmaxf(a_lo[j], a_lo[j + d]);
+          a_hi[j] = fmaxf(a_hi[j], a_hi[j + d]);
+        }
+      float mx_lo = a_lo[0], mx_hi = a_hi[0];
+      quad_max(mx_lo, mx_hi);
+      const float scale = p.scale_log2;
       mx_lo = fmaxf(m_lo, mx_lo * scale);
       mx_hi = fmaxf(m_hi, mx_hi * scale);
       // The reference max moves only past the threshold (kernel/NOTES.md, v12): alpha is then 1
       // exactly on most tiles, and the PV warpgroups skip their rescale.
+      float alpha_lo, alpha_hi;
       advance_max_threshold(m_lo, m_hi, mx_lo, mx_hi, alpha_lo, alpha_hi);
-      exp_part(s, 0, row_ref(m_lo), row_ref(m_hi));
-#endif
+      const float ref_lo = row_ref(m_lo), ref_hi = row_ref(m_hi);
+      float sum_lo = 0.f, sum_hi = 0.f;
+      uint32_t pk[kNT][2];
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        const float p0 = fast_exp2(fmaf(s[j][0], scale, -ref_lo)), p1 = fast_exp2(fmaf(s[j][1], scale, -ref_lo));
+        const float p2 = fast_exp2(fmaf(s[j][2], scale, -ref_hi)), p3 = fast_exp2(fmaf(s[j][3], scale, -ref_hi));
+        sum_lo += p0 + p1;
+        sum_hi += p2 + p3;
+        pk[j][0] = pack_bf16(p0, p1);
+        pk[j][1] = pack_bf16(p2, p3);
+        if (j % 2 == 1) store_p_x4(sP, (warp % 4) * 16, j / 2, lane, pk[j - 1][0], pk[j - 1][1], pk[j][0], pk[j][1]);
+      }
       {
         const float2 l0 = sSum[tid];
         float l_lo = l0.x * alpha_lo + sum_lo, l_hi = l0.y * alpha_hi + sum_hi;
