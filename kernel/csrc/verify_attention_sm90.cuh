@@ -134,38 +134,16 @@ __device__ __forceinline__ void wgmma_m64n48k16_rs(float (&d)[6][4], const uint3
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
-// 64-key tiles (VA_WS_BLOCK_N=64, kernel/NOTES.md v46): D[64 x 64], 32 accumulators a thread.
-__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b,
-                                                   int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-}
-// S tile shapes by key count: kNT n8 tiles (32, 48 or 64 keys).
+// S tile shapes by key count: kNT n8 tiles (32 or 48 keys).
 template <int kNT>
 __device__ __forceinline__ void wgmma_qk_ss(float (&d)[kNT][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   if constexpr (kNT == 4) wgmma_m64n32k16(d, desc_a, desc_b, scale_d);
-  else if constexpr (kNT == 6) wgmma_m64n48k16(d, desc_a, desc_b, scale_d);
-  else wgmma_m64n64k16(d, desc_a, desc_b, scale_d);
+  else wgmma_m64n48k16(d, desc_a, desc_b, scale_d);
 }
 template <int kNT>
 __device__ __forceinline__ void wgmma_qk_rs(float (&d)[kNT][4], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
   if constexpr (kNT == 4) wgmma_m64n32k16_rs(d, a, desc_b, scale_d);
-  else if constexpr (kNT == 6) wgmma_m64n48k16_rs(d, a, desc_b, scale_d);
-  else wgmma_m64n64k16_rs(d, a, desc_b, scale_d);
+  else wgmma_m64n48k16_rs(d, a, desc_b, scale_d);
 }
 // D[64 x 256] (+)= A[64 x 16] B[16 x 256]; A K-major, B MN-major (transposed) in shared memory.
 __device__ __forceinline__ void wgmma_m64n256k16_vmn(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
@@ -513,7 +491,7 @@ struct ConfigWgmmaWsT {
   static constexpr int kSmemUsed = kSumOff + 128 * 2 * 4;
   static constexpr int kSmemBytes = kSmemUsed + 1024;         // slack to align the base to 1024 B
   static constexpr int kRegsS = 184, kRegsPV = 160;
-  static_assert(kBlockN == 32 || kBlockN == 48 || kBlockN == 64, "S tiles of 32, 48 or 64 keys (wgmma n32 / n48 / n64, PV k-steps of 16)");
+  static_assert(kBlockN == 32 || kBlockN == 48, "S tiles of 32 or 48 keys (wgmma n32 / n48, PV k-steps of 16)");
   static_assert(kChunkBytes % 1024 == 0, "chunks of whole 8-row swizzle atoms");
   static_assert(128 * (kRegsS + 2 * kRegsPV) <= 168 * kThreads, "register budget of one CTA per SM");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA per SM on sm_90");
@@ -525,8 +503,6 @@ struct ConfigWgmmaWsT {
 #endif
 #if VA_WS_BLOCK_N == 32
 #define VA_WS_STAGES 5
-#elif VA_WS_BLOCK_N == 64
-#define VA_WS_STAGES 2
 #else
 #define VA_WS_STAGES 3
 #endif
@@ -719,7 +695,7 @@ template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_kernel(Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kM = Cfg::kM, kBN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
-  static_assert(kM == 64 && (kBN == 32 || kBN == 48 || kBN == 64) && kThreads == 384, "layout below assumes these");
+  static_assert(kM == 64 && (kBN == 32 || kBN == 48) && kThreads == 384, "layout below assumes these");
   constexpr int kNT = kBN / 8;  // n8 tiles of S: a thread holds 2 x kNT scores of each of its two rows
   constexpr int kBarFull = 1, kBarPVDone = kBarFull + kStages, kBarS = kBarPVDone + 1;
   constexpr int kBarEpilogue = kBarS + 1;
