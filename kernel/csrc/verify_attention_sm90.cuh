@@ -471,20 +471,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 // P goes out with stmatrix as soon as it is packed (no per-word addresses), each role takes its
 // accumulator rows from %tid.x, and the gather addresses its chunks at constant offsets.
 // ---------------------------------------------------------------------------------------------
-template <int kBlockN_, int kStages_>
+template <int kBlockN_, int kStages_, int kQSmemLatent_ = 0>
 struct ConfigWgmmaWsT {
   static constexpr int kM = 64;
   static constexpr int kBlockN = kBlockN_;                    // keys per KV tile: 32 or 48
   static constexpr int kStages = kStages_;
   static constexpr int kMinSplitKeys = 128;  // a split holds at least this many keys (kernel/NOTES.md, v21)
   static constexpr int kThreads = 384;
-  static constexpr int kQRegSteps = 32;                       // k-steps of Q held in registers (512 dims)
+  // Q's last kQSmemLatent latent 64-dim chunks sit in shared memory beside its RoPE chunk (SS
+  // k-steps), the others in registers (RS k-steps).
+  static constexpr int kQSmemLatent = kQSmemLatent_;
+  static constexpr int kQRegSteps = 32 - 4 * kQSmemLatent;   // k-steps of Q held in registers
   static constexpr int kChunkBytes = kBlockN * 128;           // kBlockN rows x 64 dims (128 B): whole swizzle atoms
   static constexpr int kChunks = kQKDim / 64;
   static constexpr int kTileBytes = kChunks * kChunkBytes;    // 36 KB (32 keys) or 54 KB (48) per stage
   static constexpr int kKVOff = 0;
-  static constexpr int kQRopeOff = kStages * kTileBytes;      // Q dims 512-575: 64 rows x 128 B, swizzled
-  static constexpr int kPOff = kQRopeOff + 64 * 128;          // P: 64 rows x 64 keys (kBlockN used), swizzled
+  static constexpr int kQSmemOff = kStages * kTileBytes;      // Q's chunks 8 - kQSmemLatent .. 8: 64 rows x 128 B each, swizzled
+  static constexpr int kPOff = kQSmemOff + (kQSmemLatent + 1) * 64 * 128;  // P: 64 rows x 64 keys (kBlockN used), swizzled
   static constexpr int kAlphaOff = kPOff + 64 * 128;          // [64] rescale factor per row
   static constexpr int kStatOff = kAlphaOff + 64 * 4;         // [2][64] final row max, row sum
   static constexpr int kSumOff = kStatOff + 2 * 64 * 4;       // [128 threads][2] running partial row sums
@@ -506,7 +509,15 @@ struct ConfigWgmmaWsT {
 #else
 #define VA_WS_STAGES 3
 #endif
-using ConfigWgmmaWs = ConfigWgmmaWsT<VA_WS_BLOCK_N, VA_WS_STAGES>;
+// VA_WS_PIPE_QK: WG0 issues QK of tile i + 1 before the softmax of tile i (two S accumulator sets),
+// with VA_WS_Q_SMEM_CHUNKS of Q's latent chunks moved to shared memory to free their registers.
+#ifndef VA_WS_PIPE_QK
+#define VA_WS_PIPE_QK 0
+#endif
+#ifndef VA_WS_Q_SMEM_CHUNKS
+#define VA_WS_Q_SMEM_CHUNKS (VA_WS_PIPE_QK ? 2 : 0)
+#endif
+using ConfigWgmmaWs = ConfigWgmmaWsT<VA_WS_BLOCK_N, VA_WS_STAGES, VA_WS_Q_SMEM_CHUNKS>;
 
 __device__ __forceinline__ void named_bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
@@ -543,25 +554,33 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// S[64 x kBN] = Q K^T over 576 dims, K from the kBN-key tile at sK: the 64 RoPE dims with Q from
-// shared memory (sQRope) first, then the 512 latent dims with Q from registers (qa[k-step]).
-// RoPE first: 1-2 % faster in the loop-bound cases than last (kernel/NOTES.md, v13).
-template <int kNT, int kChunk>
-__device__ __forceinline__ void qk_tile_rs_issue(float (&s)[kNT][4], const uint32_t (&qa)[32][4], uint32_t sQRope,
-                                                 uint32_t sK) {
+// S[64 x kBN] = Q K^T over 576 dims, K from the kBN-key tile at sK: the dims whose Q sits in
+// shared memory (sQs: its chunks 8 - kSmemLatent .. 8, the RoPE chunk last) first, then the
+// latent dims with Q from registers (qa[k-step], chunks 0 .. 7 - kSmemLatent). The shared-memory
+// k-steps first: 1-2 % faster in the loop-bound cases than last (kernel/NOTES.md, v13).
+template <int kNT, int kChunk, int kRegSteps>
+__device__ __forceinline__ void qk_tile_rs_issue(float (&s)[kNT][4], const uint32_t (&qa)[kRegSteps][4],
+                                                 uint32_t sQs, uint32_t sK) {
+  constexpr int kSmemLatent = (32 - kRegSteps) / 4;
   wgmma_fence();
-  const uint64_t kb = smem_desc(sK, 16, 1024), qr = smem_desc(sQRope, 16, 1024);
+  const uint64_t kb = smem_desc(sK, 16, 1024), qs = smem_desc(sQs, 16, 1024);
 #pragma unroll
-  for (int k = 0; k < 4; ++k) wgmma_qk_ss<kNT>(s, qr + 2 * k, kb + 8 * (kChunk >> 4) + 2 * k, k > 0);
+  for (int i = 0; i <= kSmemLatent; ++i)
 #pragma unroll
-  for (int ks = 0; ks < 32; ++ks) wgmma_qk_rs<kNT>(s, qa[ks], kb + (ks / 4) * (kChunk >> 4) + 2 * (ks % 4), 1);
+    for (int k = 0; k < 4; ++k)
+      wgmma_qk_ss<kNT>(s, qs + i * ((64 * 128) >> 4) + 2 * k, kb + (8 - kSmemLatent + i) * (kChunk >> 4) + 2 * k,
+                       i > 0 || k > 0);
+#pragma unroll
+  for (int ks = 0; ks < kRegSteps; ++ks)
+    wgmma_qk_rs<kNT>(s, qa[ks], kb + (ks / 4) * (kChunk >> 4) + 2 * (ks % 4), 1);
   wgmma_commit();
 }
 
 // Q rows r_lo, r_lo + 8 of the tile, dims 0-511, as the A fragments of 32 k-steps. Padding rows
 // (past valid_rows) load the tile's first row instead: finite values whose results are dropped.
 // (A select per register instead costs ptxas ~20 registers here, and WG0 has none to spare.)
-__device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[32][4], const __nv_bfloat16* q, const WorkItem& w,
+template <int kSteps>
+__device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[kSteps][4], const __nv_bfloat16* q, const WorkItem& w,
                                                  int r_lo, int lane) {
   const int row_lo = r_lo < w.valid_rows ? r_lo : 0, row_hi = r_lo + 8 < w.valid_rows ? r_lo + 8 : 0;
 #ifndef VA_Q_NARROW_LOADS
@@ -575,7 +594,7 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[32][4], const __
   const uint2* p_lo = reinterpret_cast<const uint2*>(q + (w.q_row_base + row_lo) * kQKDim + 2 * off);
   const uint2* p_hi = reinterpret_cast<const uint2*>(q + (w.q_row_base + row_hi) * kQKDim + 2 * off);
 #pragma unroll
-  for (int ks = 0; ks < 32; ++ks) {
+  for (int ks = 0; ks < kSteps; ++ks) {
     const uint2 a = __ldg(p_lo + 4 * ks), b = __ldg(p_hi + 4 * ks);
     const uint32_t ra = __shfl_xor_sync(0xffffffffu, odd ? a.x : a.y, 1);
     const uint32_t rb = __shfl_xor_sync(0xffffffffu, odd ? b.x : b.y, 1);
@@ -588,7 +607,7 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[32][4], const __
   const uint32_t* q_lo = reinterpret_cast<const uint32_t*>(q + (w.q_row_base + row_lo) * kQKDim) + lane % 4;
   const uint32_t* q_hi = reinterpret_cast<const uint32_t*>(q + (w.q_row_base + row_hi) * kQKDim) + lane % 4;
 #pragma unroll
-  for (int ks = 0; ks < 32; ++ks) {  // 32-bit word 8 ks + lane % 4: dims 16 ks + 2 (lane % 4), +1
+  for (int ks = 0; ks < kSteps; ++ks) {  // 32-bit word 8 ks + lane % 4: dims 16 ks + 2 (lane % 4), +1
     qa[ks][0] = __ldg(q_lo + ks * 8);
     qa[ks][1] = __ldg(q_hi + ks * 8);
     qa[ks][2] = __ldg(q_lo + ks * 8 + 4);
@@ -714,7 +733,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   extern __shared__ __align__(16) unsigned char smem_raw[];  // aligned to 1024 B below
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
-  const uint32_t sKV = base + Cfg::kKVOff, sP = base + Cfg::kPOff, sQRope = base + Cfg::kQRopeOff;
+  const uint32_t sKV = base + Cfg::kKVOff, sP = base + Cfg::kPOff, sQs = base + Cfg::kQSmemOff;
   float* sAlpha = reinterpret_cast<float*>(smem_raw + (base - raw) + Cfg::kAlphaOff);
   float* sStat = reinterpret_cast<float*>(smem_raw + (base - raw) + Cfg::kStatOff);
   float2* sSum = reinterpret_cast<float2*>(smem_raw + (base - raw) + Cfg::kSumOff);
@@ -738,61 +757,52 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     // ================= WG0: S, online softmax =================
     setmaxnreg_inc<Cfg::kRegsS>();
     const int r_lo = accumulator_row();
+    constexpr int kQSmemLatent = Cfg::kQSmemLatent;
     {
-      // Q's RoPE dims into shared memory: two threads per row, 4 of its 8 units each.
+      // Q's chunks 8 - kQSmemLatent .. 8 (the RoPE dims last) into shared memory: two threads per
+      // row, 4 of each chunk's 8 units each.
       const int r = tid / 2, sub = tid % 2;
       const bool ok = r < w.valid_rows;
-      const __nv_bfloat16* src = p.q + (ok ? (w.q_row_base + r) * kQKDim + 512 : 0);
+      const __nv_bfloat16* src = p.q + (ok ? (w.q_row_base + r) * kQKDim + (8 - kQSmemLatent) * 64 : 0);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int u = sub + 2 * k;
-        cp_async_16_shared(sQRope + r * 128 + ((u ^ (r & 7)) << 4), src + u * 8, ok);
-      }
+      for (int i = 0; i <= kQSmemLatent; ++i)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int u = sub + 2 * k;
+          cp_async_16_shared(sQs + i * 64 * 128 + r * 128 + ((u ^ (r & 7)) << 4), src + i * 64 + u * 8, ok);
+        }
       cp_async_commit();
     }
     uint32_t qa[Cfg::kQRegSteps][4];
     load_q_fragments(qa, p.q, w, r_lo, lane);
     cp_async_wait<0>();
     fence_proxy_async();
-    named_bar_sync(kBarS, 128);  // all of WG0's RoPE rows landed
+    named_bar_sync(kBarS, 128);  // all of WG0's rows of Q in shared memory landed
     // Running max in registers; each thread's partial row sums (its 8 keys of a tile, quad-summed
     // at the end) in shared memory: the two registers are what the masked path needs next to Q.
     float m_lo = -INFINITY, m_hi = -INFINITY;
     sSum[tid] = make_float2(0.f, 0.f);
     // From the work item once, so that each tile's mask test needs no load of it.
     const int first_masked = first_masked_tile(w, kBN);
-    for (int tile = 0; tile < num_tiles; ++tile) {
-      const int stage = tile % kStages;
-      named_bar_sync(kBarFull + stage, kThreads);  // tile landed
-      float s[kNT][4];
-      qk_tile_rs_issue<kNT, Cfg::kChunkBytes>(s, qa, sQRope, sKV + stage * Cfg::kTileBytes);
-      // The previous tile's PV done with P (this tile's P overwrites it): waited for while QK runs,
-      // off WG0's chain (kernel/NOTES.md, v13).
-      if (tile > 0) named_bar_sync(kBarPVDone, kThreads);
-      wgmma_wait<0>();
-      fence_regs(s);
-
-      const int t0 = w.kv_begin + tile * kBN;
-      if (tile >= first_masked) {  // tile_needs_mask(w, t0, kBN), without loading w
-        // Each row's window of visibility bits (its keys are pos0 + 8 j + 0/1, j < kNT: 42 keys).
-        static_assert(8 * (kNT - 1) + 2 <= 64, "a thread's keys of a tile fit one 64-key window");
-        const int pos0 = t0 + (lane % 4) * 2;
-        const int tok_lo = row_token(w, r_lo, p.num_heads), tok_hi = row_token(w, r_lo + 8, p.num_heads);
-        const uint64_t vis_lo = visible_window(w, pos0, tok_lo), vis_hi = visible_window(w, pos0, tok_hi);
-#pragma unroll
-        for (int j = 0; j < kNT; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (!(((e & 2) ? vis_hi : vis_lo) >> (8 * j + (e & 1)) & 1ull)) s[j][e] = -INFINITY;
-      }
+    // The softmax of tile `tile` from its scores s, and the hand-off of its P (and, with the last
+    // tile, of the row statistics) to the PV warpgroups.
+    // With `masked` (a constant at each call), the softmax sees -inf where the row's visibility bits
+    // (vis_lo, vis_hi) hide a key. The scores are never written: with VA_WS_PIPE_QK the next tile's
+    // QK is in flight into the other accumulator set, and ptxas serializes wgmma around any write
+    // to an accumulator register there.
+    auto softmax_handoff_with = [&](const float (&s)[kNT][4], int tile, bool masked, uint64_t vis_lo,
+                                    uint64_t vis_hi) {
+      auto score = [&](int j, int e) {
+        return !masked || (((e & 2) ? vis_hi : vis_lo) >> (8 * j + (e & 1)) & 1ull) ? s[j][e] : -INFINITY;
+      };
       // Row maxima of the raw scores as a pairwise tree (depth 4 for 48 keys; a linear chain was 12
       // dependent steps on WG0's chain, kernel/NOTES.md v41), then scaled (the scale is positive);
       // the scale is folded into the exponent's FMA below.
       float a_lo[kNT], a_hi[kNT];
 #pragma unroll
       for (int j = 0; j < kNT; ++j) {
-        a_lo[j] = fmaxf(s[j][0], s[j][1]);
-        a_hi[j] = fmaxf(s[j][2], s[j][3]);
+        a_lo[j] = fmaxf(score(j, 0), score(j, 1));
+        a_hi[j] = fmaxf(score(j, 2), score(j, 3));
       }
 #pragma unroll
       for (int d = 1; d < kNT; d *= 2)
@@ -815,8 +825,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       uint32_t pk[kNT][2];
 #pragma unroll
       for (int j = 0; j < kNT; ++j) {
-        const float p0 = fast_exp2(fmaf(s[j][0], scale, -ref_lo)), p1 = fast_exp2(fmaf(s[j][1], scale, -ref_lo));
-        const float p2 = fast_exp2(fmaf(s[j][2], scale, -ref_hi)), p3 = fast_exp2(fmaf(s[j][3], scale, -ref_hi));
+        const float p0 = fast_exp2(fmaf(score(j, 0), scale, -ref_lo));
+        const float p1 = fast_exp2(fmaf(score(j, 1), scale, -ref_lo));
+        const float p2 = fast_exp2(fmaf(score(j, 2), scale, -ref_hi));
+        const float p3 = fast_exp2(fmaf(score(j, 3), scale, -ref_hi));
         sum_lo += p0 + p1;
         sum_hi += p2 + p3;
         pk[j][0] = pack_bf16(p0, p1);
@@ -848,7 +860,59 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       // through the warp barrier, their warp's P (read by wgmma after the wait).
       __syncwarp();
       if (lane % 4 == 0) mbar_arrive(bar_p_ready);
+    };
+    // The softmax of tile `tile` from its scores s, and the hand-off of its P (and, with the last
+    // tile, of the row statistics) to the PV warpgroups.
+    auto softmax_handoff = [&](const float (&s)[kNT][4], int tile) {
+      if (tile >= first_masked) {  // tile_needs_mask(w, w.kv_begin + tile * kBN, kBN), without loading w
+        // Each row's window of visibility bits (its keys are pos0 + 8 j + 0/1, j < kNT: 42 keys).
+        static_assert(8 * (kNT - 1) + 2 <= 64, "a thread's keys of a tile fit one 64-key window");
+        const int pos0 = w.kv_begin + tile * kBN + (lane % 4) * 2;
+        const int tok_lo = row_token(w, r_lo, p.num_heads), tok_hi = row_token(w, r_lo + 8, p.num_heads);
+        const uint64_t vis_lo = visible_window(w, pos0, tok_lo), vis_hi = visible_window(w, pos0, tok_hi);
+        softmax_handoff_with(s, tile, true, vis_lo, vis_hi);
+      } else {
+        softmax_handoff_with(s, tile, false, 0, 0);
+      }
+    };
+    auto qk_issue = [&](float (&s)[kNT][4], int tile) {
+      named_bar_sync(kBarFull + tile % kStages, kThreads);  // tile landed
+      qk_tile_rs_issue<kNT, Cfg::kChunkBytes>(s, qa, sQs, sKV + (tile % kStages) * Cfg::kTileBytes);
+    };
+#if VA_WS_PIPE_QK
+    // QK of tile i + 1 is issued before the softmax of tile i, into the other accumulator set, so
+    // the tensor cores run it while WG0 computes and hands over P of tile i. Unrolled by two: the
+    // sets trade roles without register moves.
+    float sa[kNT][4], sb[kNT][4];
+    qk_issue(sa, 0);
+    wgmma_wait<0>();
+    fence_regs(sa);
+    for (int tile = 0; tile < num_tiles; tile += 2) {
+      if (tile + 1 < num_tiles) qk_issue(sb, tile + 1);
+      if (tile > 0) named_bar_sync(kBarPVDone, kThreads);  // PV of tile - 1 done with P
+      softmax_handoff(sa, tile);
+      if (tile + 1 >= num_tiles) break;
+      wgmma_wait<0>();
+      fence_regs(sb);
+      if (tile + 2 < num_tiles) qk_issue(sa, tile + 2);
+      named_bar_sync(kBarPVDone, kThreads);
+      softmax_handoff(sb, tile + 1);
+      if (tile + 2 >= num_tiles) break;
+      wgmma_wait<0>();
+      fence_regs(sa);
     }
+#else
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      float s[kNT][4];
+      qk_issue(s, tile);
+      // The previous tile's PV done with P (this tile's P overwrites it): waited for while QK runs,
+      // off WG0's chain (kernel/NOTES.md, v13).
+      if (tile > 0) named_bar_sync(kBarPVDone, kThreads);
+      wgmma_wait<0>();
+      fence_regs(s);
+      softmax_handoff(s, tile);
+    }
+#endif
     named_bar_sync(kBarPVDone, kThreads);  // the last tile's PV (num_tiles >= 1: a split has keys)
   } else {
     // ================= WG1 / WG2: gather, O += P V =================
