@@ -517,6 +517,11 @@ struct ConfigWgmmaWsT {
 #ifndef VA_WS_Q_SMEM_CHUNKS
 #define VA_WS_Q_SMEM_CHUNKS (VA_WS_PIPE_QK ? 2 : 0)
 #endif
+// VA_WS_MBAR_FULL: a stage's tile is announced by its gathers' own cp.async completing an
+// mbarrier (v28), not by the PV warpgroups' loop top.
+#ifndef VA_WS_MBAR_FULL
+#define VA_WS_MBAR_FULL 0
+#endif
 using ConfigWgmmaWs = ConfigWgmmaWsT<VA_WS_BLOCK_N, VA_WS_STAGES, VA_WS_Q_SMEM_CHUNKS>;
 
 __device__ __forceinline__ void named_bar_sync(int id, int count) {
@@ -533,6 +538,11 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
 }
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrive on the mbarrier once every cp.async this thread issued before has completed (.noinc: the
+// arrive is one of the count the barrier was initialised with).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
@@ -743,9 +753,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   __shared__ WorkItem s_item;
   __shared__ __align__(8) uint64_t s_bar_p_ready;
   const uint32_t bar_p_ready = smem_addr(&s_bar_p_ready);
+#if VA_WS_MBAR_FULL
+  __shared__ __align__(8) uint64_t s_bar_full[kStages];
+  const uint32_t bar_full = smem_addr(s_bar_full);
+#endif
   if (tid == 0) {
     s_item = decode_item<kM>(p, s_plan, item);
     mbar_init(bar_p_ready, 32);  // the 32 WG0 threads that write rescale factors, once per tile
+#if VA_WS_MBAR_FULL
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) mbar_init(bar_full + 8 * st, 256);  // WG1 + WG2's threads, per tile
+#endif
     if (item == 0) __threadfence();  // plan_block's entries (written before its barrier), then:
   }
   __syncthreads();
@@ -876,7 +894,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       }
     };
     auto qk_issue = [&](float (&s)[kNT][4], int tile) {
+#if VA_WS_MBAR_FULL
+      mbar_wait(bar_full + 8 * (tile % kStages), (tile / kStages) & 1);  // tile landed
+      fence_proxy_async();  // the gathers' cp.async writes, before this warpgroup's wgmma reads them
+#else
       named_bar_sync(kBarFull + tile % kStages, kThreads);  // tile landed
+#endif
       qk_tile_rs_issue<kNT, Cfg::kChunkBytes>(s, qa, sQs, sKV + (tile % kStages) * Cfg::kTileBytes);
     };
 #if VA_WS_PIPE_QK
@@ -952,10 +975,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     // Tile 0 alone first: at the start every SM's L2 -> SM bandwidth is what limits, so tile 0
     // (and WG0's Q) land before tiles 1.. are asked for.
     load_tile(fetch_slots(0), 0);  // num_tiles >= 1
+#if VA_WS_MBAR_FULL
+    cp_async_mbar_arrive(bar_full);
+#else
     cp_async_commit();
+#endif
     float o[32][4];
 #pragma unroll
     for (int j = 0; j < 32; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+#if VA_WS_MBAR_FULL
+    mbar_wait(bar_full, 0);
+#pragma unroll 1
+    for (int t = 1; t < kStages && t < num_tiles; ++t) {
+      load_tile(fetch_slots(t), t);
+      cp_async_mbar_arrive(bar_full + 8 * t);
+    }
+#else
     cp_async_wait<0>();
     fence_proxy_async();
     named_bar_arrive(kBarFull + 0, kThreads);
@@ -964,14 +999,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       if (t < num_tiles) load_tile(fetch_slots(t), t);
       cp_async_commit();
     }
+#endif
     for (int tile = 0; tile < num_tiles; ++tile) {
       const auto next_slots = fetch_slots(tile + kStages);  // consumed under this tile's PV
+#if VA_WS_MBAR_FULL
+      mbar_wait(bar_p_ready, tile & 1);  // P, rescale factors (and row statistics) of this tile
+      // V landed before WG0 took the tile (its wait on the stage's barrier, which this wait
+      // follows); the cp.async writes, before this warpgroup's wgmma reads them.
+      fence_proxy_async();
+#else
       // The next tile (gathered kStages - 1 tiles ago) should have landed; WG0 may start its QK
       // before it hands over this tile's P.
       cp_async_wait<kStages - 2>();
       fence_proxy_async();
       if (tile + 1 < num_tiles) named_bar_arrive(kBarFull + (tile + 1) % kStages, kThreads);
       mbar_wait(bar_p_ready, tile & 1);  // P, rescale factors (and row statistics) of this tile
+#endif
       const float alpha_lo = sAlpha[r_lo], alpha_hi = sAlpha[r_lo + 8];
       rescale_o_lazy(o, alpha_lo, alpha_hi);
       const uint32_t sK = sKV + (tile % kStages) * Cfg::kTileBytes;
@@ -991,7 +1034,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         }
         if (refill) load_rows(next_slots.v[k], k, tile % kStages);
       }
+#if VA_WS_MBAR_FULL
+      if (refill) cp_async_mbar_arrive(bar_full + 8 * (tile % kStages));
+#else
       cp_async_commit();
+#endif
     }
     cp_async_wait<0>();
     // Row statistics: written by WG0 before its last bar_p_ready arrive, which this warpgroup
