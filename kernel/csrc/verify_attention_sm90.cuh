@@ -544,6 +544,20 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
+// Whether the phase of the given parity has completed, without waiting.
+__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n"
@@ -757,6 +771,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   __shared__ __align__(8) uint64_t s_bar_full[kStages];
   const uint32_t bar_full = smem_addr(s_bar_full);
 #endif
+#if VA_WS_PIPE_QK == 2
+  __shared__ int s_early[2];  // WG0's thread 0 -> its warpgroup: the next tile has landed
+#endif
   if (tid == 0) {
     s_item = decode_item<kM>(p, s_plan, item);
     mbar_init(bar_p_ready, 32);  // the 32 WG0 threads that write rescale factors, once per tile
@@ -902,7 +919,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
 #endif
       qk_tile_rs_issue<kNT, Cfg::kChunkBytes>(s, qa, sQs, sKV + (tile % kStages) * Cfg::kTileBytes);
     };
-#if VA_WS_PIPE_QK
+#if VA_WS_PIPE_QK == 1
     // QK of tile i + 1 is issued before the softmax of tile i, into the other accumulator set, so
     // the tensor cores run it while WG0 computes and hands over P of tile i. Unrolled by two: the
     // sets trade roles without register moves.
@@ -923,6 +940,40 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       if (tile + 2 >= num_tiles) break;
       wgmma_wait<0>();
       fence_regs(sa);
+    }
+#elif VA_WS_PIPE_QK == 2
+    static_assert(VA_WS_MBAR_FULL, "the landed test reads the stages' mbarriers");
+    // As above, but QK of tile i + 1 goes out before the softmax of tile i only if that tile has
+    // already landed (thread 0 tests its mbarrier before the PV-done barrier, which carries the
+    // answer to the whole warpgroup: wgmma must be issued by all four warps or none); otherwise
+    // after the softmax, when it waits for the data instead of delaying P.
+    auto step = [&](float (&cur)[kNT][4], float (&nxt)[kNT][4], int tile, int slot) -> bool {
+      const bool more = tile + 1 < num_tiles;
+      bool early = false;
+      if (tile > 0) {
+        if (tid == 0)
+          s_early[slot] = more && mbar_test(bar_full + 8 * ((tile + 1) % kStages), ((tile + 1) / kStages) & 1);
+        named_bar_sync(kBarPVDone, kThreads);  // PV of tile - 1 done with P
+        early = s_early[slot];
+      }
+      if (early) {
+        fence_proxy_async();
+        qk_tile_rs_issue<kNT, Cfg::kChunkBytes>(nxt, qa, sQs, sKV + ((tile + 1) % kStages) * Cfg::kTileBytes);
+      }
+      softmax_handoff(cur, tile);
+      if (!more) return false;
+      if (!early) qk_issue(nxt, tile + 1);
+      wgmma_wait<0>();
+      fence_regs(nxt);
+      return true;
+    };
+    float sa[kNT][4], sb[kNT][4];
+    qk_issue(sa, 0);
+    wgmma_wait<0>();
+    fence_regs(sa);
+    for (int tile = 0;; tile += 2) {
+      if (!step(sa, sb, tile, 0)) break;
+      if (!step(sb, sa, tile + 1, 1)) break;
     }
 #else
     for (int tile = 0; tile < num_tiles; ++tile) {
