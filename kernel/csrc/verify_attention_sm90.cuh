@@ -471,7 +471,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 // P goes out with stmatrix as soon as it is packed (no per-word addresses), each role takes its
 // accumulator rows from %tid.x, and the gather addresses its chunks at constant offsets.
 // ---------------------------------------------------------------------------------------------
-template <int kBlockN_, int kStages_, int kQSmemLatent_ = 0>
+template <int kBlockN_, int kStages_, int kQSmemLatent_ = 0, int kPBufs_ = 1>
 struct ConfigWgmmaWsT {
   static constexpr int kM = 64;
   static constexpr int kBlockN = kBlockN_;                    // keys per KV tile: 32 or 48
@@ -488,8 +488,9 @@ struct ConfigWgmmaWsT {
   static constexpr int kKVOff = 0;
   static constexpr int kQSmemOff = kStages * kTileBytes;      // Q's chunks 8 - kQSmemLatent .. 8: 64 rows x 128 B each, swizzled
   static constexpr int kPOff = kQSmemOff + (kQSmemLatent + 1) * 64 * 128;  // P: 64 rows x 64 keys (kBlockN used), swizzled
-  static constexpr int kAlphaOff = kPOff + 64 * 128;          // [64] rescale factor per row
-  static constexpr int kStatOff = kAlphaOff + 64 * 4;         // [2][64] final row max, row sum
+  static constexpr int kPBufs = kPBufs_;                      // P buffers (and rescale factors), used in turn
+  static constexpr int kAlphaOff = kPOff + kPBufs * 64 * 128; // [kPBufs][64] rescale factor per row
+  static constexpr int kStatOff = kAlphaOff + kPBufs * 64 * 4; // [2][64] final row max, row sum
   static constexpr int kSumOff = kStatOff + 2 * 64 * 4;       // [128 threads][2] running partial row sums
   static constexpr int kSmemUsed = kSumOff + 128 * 2 * 4;
   static constexpr int kSmemBytes = kSmemUsed + 1024;         // slack to align the base to 1024 B
@@ -520,9 +521,12 @@ struct ConfigWgmmaWsT {
 // VA_WS_MBAR_FULL: a stage's tile is announced by its gathers' own cp.async completing an
 // mbarrier (v28), not by the PV warpgroups' loop top.
 #ifndef VA_WS_MBAR_FULL
-#define VA_WS_MBAR_FULL 0
+#define VA_WS_MBAR_FULL VA_WS_PIPE_QK
 #endif
-using ConfigWgmmaWs = ConfigWgmmaWsT<VA_WS_BLOCK_N, VA_WS_STAGES, VA_WS_Q_SMEM_CHUNKS>;
+#if VA_WS_PIPE_QK && !VA_WS_MBAR_FULL
+#error "VA_WS_PIPE_QK needs VA_WS_MBAR_FULL: QK of the next tile waits for its data, not for the PV warpgroups"
+#endif
+using ConfigWgmmaWs = ConfigWgmmaWsT<VA_WS_BLOCK_N, VA_WS_STAGES, VA_WS_Q_SMEM_CHUNKS, VA_WS_PIPE_QK ? 2 : 1>;
 
 __device__ __forceinline__ void named_bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
@@ -543,20 +547,6 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 // arrive is one of the count the barrier was initialised with).
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-// Whether the phase of the given parity has completed, without waiting.
-__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
@@ -765,18 +755,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int wg = warp / 4;
   __shared__ WorkItem s_item;
-  __shared__ __align__(8) uint64_t s_bar_p_ready;
-  const uint32_t bar_p_ready = smem_addr(&s_bar_p_ready);
+  constexpr int kPBufs = Cfg::kPBufs;
+  __shared__ __align__(8) uint64_t s_bar_p_ready[kPBufs];  // one per P buffer
+  const uint32_t bar_p_ready = smem_addr(s_bar_p_ready);
+#if VA_WS_PIPE_QK
+  // PV of a tile done with its P buffer (WG1/WG2 -> WG0): mbarriers, one per buffer, since the PV
+  // warpgroups may finish a tile while WG0 has not yet waited for the one before.
+  __shared__ __align__(8) uint64_t s_bar_pv_done[kPBufs];
+  const uint32_t bar_pv_done = smem_addr(s_bar_pv_done);
+#endif
 #if VA_WS_MBAR_FULL
   __shared__ __align__(8) uint64_t s_bar_full[kStages];
   const uint32_t bar_full = smem_addr(s_bar_full);
 #endif
-#if VA_WS_PIPE_QK == 2
-  __shared__ int s_early[2];  // WG0's thread 0 -> its warpgroup: the next tile has landed
-#endif
   if (tid == 0) {
     s_item = decode_item<kM>(p, s_plan, item);
-    mbar_init(bar_p_ready, 32);  // the 32 WG0 threads that write rescale factors, once per tile
+#pragma unroll
+    for (int b = 0; b < kPBufs; ++b) mbar_init(bar_p_ready + 8 * b, 32);  // the 32 WG0 threads that write rescale factors, once per tile
+#if VA_WS_PIPE_QK
+#pragma unroll
+    for (int b = 0; b < kPBufs; ++b) mbar_init(bar_pv_done + 8 * b, 256);  // WG1 + WG2's threads, once per tile
+#endif
 #if VA_WS_MBAR_FULL
 #pragma unroll
     for (int st = 0; st < kStages; ++st) mbar_init(bar_full + 8 * st, 256);  // WG1 + WG2's threads, per tile
@@ -868,7 +867,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         sum_hi += p2 + p3;
         pk[j][0] = pack_bf16(p0, p1);
         pk[j][1] = pack_bf16(p2, p3);
-        if (j % 2 == 1) store_p_x4(sP, (warp % 4) * 16, j / 2, lane, pk[j - 1][0], pk[j - 1][1], pk[j][0], pk[j][1]);
+        if (j % 2 == 1)
+          store_p_x4(sP + (tile % kPBufs) * 64 * 128, (warp % 4) * 16, j / 2, lane, pk[j - 1][0], pk[j - 1][1], pk[j][0], pk[j][1]);
       }
       {
         const float2 l0 = sSum[tid];
@@ -886,15 +886,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         }
       }
       if (lane % 4 == 0) {
-        sAlpha[r_lo] = alpha_lo;
-        sAlpha[r_lo + 8] = alpha_hi;
+        sAlpha[(tile % kPBufs) * 64 + r_lo] = alpha_lo;
+        sAlpha[(tile % kPBufs) * 64 + r_lo + 8] = alpha_hi;
       }
       fence_proxy_async();
       // The warp's P is complete after __syncwarp; the lanes that wrote rescale factors (and, with
       // the last tile, the row statistics) then arrive: their release covers their own writes and,
       // through the warp barrier, their warp's P (read by wgmma after the wait).
       __syncwarp();
-      if (lane % 4 == 0) mbar_arrive(bar_p_ready);
+      if (lane % 4 == 0) mbar_arrive(bar_p_ready + 8 * (tile % kPBufs));
     };
     // The softmax of tile `tile` from its scores s, and the hand-off of its P (and, with the last
     // tile, of the row statistics) to the PV warpgroups.
@@ -919,62 +919,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
 #endif
       qk_tile_rs_issue<kNT, Cfg::kChunkBytes>(s, qa, sQs, sKV + (tile % kStages) * Cfg::kTileBytes);
     };
-#if VA_WS_PIPE_QK == 1
+#if VA_WS_PIPE_QK
     // QK of tile i + 1 is issued before the softmax of tile i, into the other accumulator set, so
-    // the tensor cores run it while WG0 computes and hands over P of tile i. Unrolled by two: the
-    // sets trade roles without register moves.
-    float sa[kNT][4], sb[kNT][4];
-    qk_issue(sa, 0);
-    wgmma_wait<0>();
-    fence_regs(sa);
-    for (int tile = 0; tile < num_tiles; tile += 2) {
-      if (tile + 1 < num_tiles) qk_issue(sb, tile + 1);
-      if (tile > 0) named_bar_sync(kBarPVDone, kThreads);  // PV of tile - 1 done with P
-      softmax_handoff(sa, tile);
-      if (tile + 1 >= num_tiles) break;
-      wgmma_wait<0>();
-      fence_regs(sb);
-      if (tile + 2 < num_tiles) qk_issue(sa, tile + 2);
-      named_bar_sync(kBarPVDone, kThreads);
-      softmax_handoff(sb, tile + 1);
-      if (tile + 2 >= num_tiles) break;
-      wgmma_wait<0>();
-      fence_regs(sa);
-    }
-#elif VA_WS_PIPE_QK == 2
-    static_assert(VA_WS_MBAR_FULL, "the landed test reads the stages' mbarriers");
-    // As above, but QK of tile i + 1 goes out before the softmax of tile i only if that tile has
-    // already landed (thread 0 tests its mbarrier before the PV-done barrier, which carries the
-    // answer to the whole warpgroup: wgmma must be issued by all four warps or none); otherwise
-    // after the softmax, when it waits for the data instead of delaying P.
-    auto step = [&](float (&cur)[kNT][4], float (&nxt)[kNT][4], int tile, int slot) -> bool {
-      const bool more = tile + 1 < num_tiles;
-      bool early = false;
-      if (tile > 0) {
-        if (tid == 0)
-          s_early[slot] = more && mbar_test(bar_full + 8 * ((tile + 1) % kStages), ((tile + 1) / kStages) & 1);
-        named_bar_sync(kBarPVDone, kThreads);  // PV of tile - 1 done with P
-        early = s_early[slot];
-      }
-      if (early) {
-        fence_proxy_async();
-        qk_tile_rs_issue<kNT, Cfg::kChunkBytes>(nxt, qa, sQs, sKV + ((tile + 1) % kStages) * Cfg::kTileBytes);
-      }
-      softmax_handoff(cur, tile);
-      if (!more) return false;
-      if (!early) qk_issue(nxt, tile + 1);
-      wgmma_wait<0>();
-      fence_regs(nxt);
-      return true;
+    // the tensor cores run it while WG0 computes and hands over P of tile i; P goes to the buffer
+    // of its tile's parity, which PV of tile i - 2 must be done with. Unrolled by two: the sets
+    // trade roles without register moves.
+    auto pv_done_wait = [&](int tile) {
+      if (tile >= 2) mbar_wait(bar_pv_done + 8 * (tile % 2), (tile / 2 - 1) & 1);
     };
     float sa[kNT][4], sb[kNT][4];
     qk_issue(sa, 0);
     wgmma_wait<0>();
     fence_regs(sa);
-    for (int tile = 0;; tile += 2) {
-      if (!step(sa, sb, tile, 0)) break;
-      if (!step(sb, sa, tile + 1, 1)) break;
+    // The waits come before QK's issue: a thread's spin on an mbarrier with wgmma in flight makes
+    // ptxas serialize the wgmma (a compiler-inserted wait in a divergent path).
+    for (int tile = 0; tile < num_tiles; tile += 2) {
+      pv_done_wait(tile);
+      if (tile + 1 < num_tiles) qk_issue(sb, tile + 1);
+      softmax_handoff(sa, tile);
+      if (tile + 1 >= num_tiles) break;
+      wgmma_wait<0>();
+      fence_regs(sb);
+      pv_done_wait(tile + 1);
+      if (tile + 2 < num_tiles) qk_issue(sa, tile + 2);
+      softmax_handoff(sb, tile + 1);
+      if (tile + 2 >= num_tiles) break;
+      wgmma_wait<0>();
+      fence_regs(sa);
     }
+    wgmma_wait<0>();  // nothing is in flight here; said so, or ptxas adds a wait of its own
 #else
     for (int tile = 0; tile < num_tiles; ++tile) {
       float s[kNT][4];
@@ -986,8 +959,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       fence_regs(s);
       softmax_handoff(s, tile);
     }
-#endif
     named_bar_sync(kBarPVDone, kThreads);  // the last tile's PV (num_tiles >= 1: a split has keys)
+#endif
   } else {
     // ================= WG1 / WG2: gather, O += P V =================
     setmaxnreg_dec<Cfg::kRegsPV>();
@@ -1054,7 +1027,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     for (int tile = 0; tile < num_tiles; ++tile) {
       const auto next_slots = fetch_slots(tile + kStages);  // consumed under this tile's PV
 #if VA_WS_MBAR_FULL
-      mbar_wait(bar_p_ready, tile & 1);  // P, rescale factors (and row statistics) of this tile
+      // P, rescale factors (and row statistics) of this tile
+      mbar_wait(bar_p_ready + 8 * (tile % kPBufs), (tile / kPBufs) & 1);
       // V landed before WG0 took the tile (its wait on the stage's barrier, which this wait
       // follows); the cp.async writes, before this warpgroup's wgmma reads them.
       fence_proxy_async();
@@ -1066,14 +1040,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       if (tile + 1 < num_tiles) named_bar_arrive(kBarFull + (tile + 1) % kStages, kThreads);
       mbar_wait(bar_p_ready, tile & 1);  // P, rescale factors (and row statistics) of this tile
 #endif
-      const float alpha_lo = sAlpha[r_lo], alpha_hi = sAlpha[r_lo + 8];
+      const float alpha_lo = sAlpha[(tile % kPBufs) * 64 + r_lo], alpha_hi = sAlpha[(tile % kPBufs) * 64 + r_lo + 8];
       rescale_o_lazy(o, alpha_lo, alpha_hi);
       const uint32_t sK = sKV + (tile % kStages) * Cfg::kTileBytes;
       // PV's k-step k reads V rows 16 k .. 16 k + 15 of this warpgroup's chunks, the rows
       // ld_row + 16 k that its gather writes: the next gather's row group k goes out as soon as
       // k-step k is done, under the later k-steps (kernel/NOTES.md, v39). QK of this tile finished
       // before P, so the RoPE chunk is free throughout.
-      pv_tile_issue<kBN, Cfg::kChunkBytes, true>(o, sP, sK, half);
+      pv_tile_issue<kBN, Cfg::kChunkBytes, true>(o, sP + (tile % kPBufs) * 64 * 128, sK, half);
       const bool refill = tile + kStages < num_tiles;
 #pragma unroll
       for (int k = 0; k < kRowsPer; ++k) {
@@ -1081,7 +1055,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
           wgmma_wait_pending(kRowsPer - 1 - k);
         } else {
           pv_tile_wait(o);
+#if VA_WS_PIPE_QK
+          mbar_arrive(bar_pv_done + 8 * (tile % kPBufs));
+#else
           named_bar_arrive(kBarPVDone, kThreads);
+#endif
         }
         if (refill) load_rows(next_slots.v[k], k, tile % kStages);
       }
