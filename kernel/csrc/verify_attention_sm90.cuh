@@ -593,6 +593,30 @@ __device__ __forceinline__ void qk_tile_rs_issue(float (&s)[kNT][4], const uint3
   wgmma_commit();
 }
 
+// QK's k-steps [first, first + count) of the 36, in qk_tile_rs_issue's order (the shared-memory
+// ones first); the fence comes with the first and the commit with the last. `first` and `count`
+// are constants once the caller is unrolled. Between two ranges the caller may not touch s or qa.
+template <int kNT, int kChunk, int kRegSteps>
+__device__ __forceinline__ void qk_tile_rs_issue_steps(float (&s)[kNT][4], const uint32_t (&qa)[kRegSteps][4],
+                                                       uint32_t sQs, uint32_t sK, int first, int count) {
+  constexpr int kSmemLatent = (32 - kRegSteps) / 4, kSmemSteps = 4 * (kSmemLatent + 1);
+  if (first == 0) wgmma_fence();
+  const uint64_t kb = smem_desc(sK, 16, 1024), qs = smem_desc(sQs, 16, 1024);
+#pragma unroll
+  for (int g = 0; g < kSmemSteps + kRegSteps; ++g) {
+    if (g < first || g >= first + count) continue;
+    if (g < kSmemSteps) {
+      const int i = g / 4, k = g % 4;
+      wgmma_qk_ss<kNT>(s, qs + i * ((64 * 128) >> 4) + 2 * k, kb + (8 - kSmemLatent + i) * (kChunk >> 4) + 2 * k,
+                       g > 0);
+    } else {
+      const int ks = g - kSmemSteps;
+      wgmma_qk_rs<kNT>(s, qa[ks], kb + (ks / 4) * (kChunk >> 4) + 2 * (ks % 4), 1);
+    }
+  }
+  if (first + count == kSmemSteps + kRegSteps) wgmma_commit();
+}
+
 // Q rows r_lo, r_lo + 8 of the tile, dims 0-511, as the A fragments of 32 k-steps. Padding rows
 // (past valid_rows) load the tile's first row instead: finite values whose results are dropped.
 // (A select per register instead costs ptxas ~20 registers here, and WG0 has none to spare.)
@@ -827,8 +851,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     // (vis_lo, vis_hi) hide a key. The scores are never written: with VA_WS_PIPE_QK the next tile's
     // QK is in flight into the other accumulator set, and ptxas serializes wgmma around any write
     // to an accumulator register there.
+    // With VA_WS_PIPE_QK=2 and next >= 0, the softmax issues QK of tile `next` into nxt in kNT + 1
+    // parts between its steps (before the max, then after each n8 tile's exponentials), so that
+    // WG0 never waits long at a wgmma issue the tensor pipe is not ready to take (kernel/NOTES.md, v52).
     auto softmax_handoff_with = [&](const float (&s)[kNT][4], int tile, bool masked, uint64_t vis_lo,
-                                    uint64_t vis_hi) {
+                                    uint64_t vis_hi, float (&nxt)[kNT][4], int next) {
+      constexpr int kParts = kNT + 1, kSteps = 36, kPer = (kSteps + kParts - 1) / kParts;
+      auto issue_part = [&](int part) {
+#if VA_WS_PIPE_QK == 2
+        if (next >= 0)
+          qk_tile_rs_issue_steps<kNT, Cfg::kChunkBytes>(nxt, qa, sQs, sKV + (next % kStages) * Cfg::kTileBytes,
+                                                        part * kPer, min(kPer, kSteps - part * kPer));
+#endif
+      };
+      issue_part(0);
       auto score = [&](int j, int e) {
         return !masked || (((e & 2) ? vis_hi : vis_lo) >> (8 * j + (e & 1)) & 1ull) ? s[j][e] : -INFINITY;
       };
@@ -872,6 +908,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         pk[j][1] = pack_bf16(p2, p3);
         if (j % 2 == 1)
           store_p_x4(sP + (tile % kPBufs) * 64 * 128, (warp % 4) * 16, j / 2, lane, pk[j - 1][0], pk[j - 1][1], pk[j][0], pk[j][1]);
+        issue_part(j + 1);
       }
       {
         const float2 l0 = sSum[tid];
@@ -901,17 +938,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     };
     // The softmax of tile `tile` from its scores s, and the hand-off of its P (and, with the last
     // tile, of the row statistics) to the PV warpgroups.
-    auto softmax_handoff = [&](const float (&s)[kNT][4], int tile) {
+    auto softmax_handoff = [&](const float (&s)[kNT][4], int tile, float (&nxt)[kNT][4], int next) {
       if (tile >= first_masked) {  // tile_needs_mask(w, w.kv_begin + tile * kBN, kBN), without loading w
         // Each row's window of visibility bits (its keys are pos0 + 8 j + 0/1, j < kNT: 42 keys).
         static_assert(8 * (kNT - 1) + 2 <= 64, "a thread's keys of a tile fit one 64-key window");
         const int pos0 = w.kv_begin + tile * kBN + (lane % 4) * 2;
         const int tok_lo = row_token(w, r_lo, p.num_heads), tok_hi = row_token(w, r_lo + 8, p.num_heads);
         const uint64_t vis_lo = visible_window(w, pos0, tok_lo), vis_hi = visible_window(w, pos0, tok_hi);
-        softmax_handoff_with(s, tile, true, vis_lo, vis_hi);
+        softmax_handoff_with(s, tile, true, vis_lo, vis_hi, nxt, next);
       } else {
-        softmax_handoff_with(s, tile, false, 0, 0);
+        softmax_handoff_with(s, tile, false, 0, 0, nxt, next);
       }
+    };
+    auto qk_landed = [&](int tile) {
+#if VA_WS_MBAR_FULL
+      mbar_wait(bar_full + 8 * (tile % kStages), (tile / kStages) & 1);  // tile landed
+      fence_proxy_async();  // the gathers' cp.async writes, before this warpgroup's wgmma reads them
+#endif
     };
     auto qk_issue = [&](float (&s)[kNT][4], int tile) {
 #if VA_WS_MBAR_FULL
@@ -938,14 +981,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     // ptxas serialize the wgmma (a compiler-inserted wait in a divergent path).
     for (int tile = 0; tile < num_tiles; tile += 2) {
       pv_done_wait(tile);
+#if VA_WS_PIPE_QK == 2
+      if (tile + 1 < num_tiles) qk_landed(tile + 1);
+      softmax_handoff(sa, tile, sb, tile + 1 < num_tiles ? tile + 1 : -1);
+#else
       if (tile + 1 < num_tiles) qk_issue(sb, tile + 1);
-      softmax_handoff(sa, tile);
+      softmax_handoff(sa, tile, sb, -1);
+#endif
       if (tile + 1 >= num_tiles) break;
       wgmma_wait<0>();
       fence_regs(sb);
       pv_done_wait(tile + 1);
+#if VA_WS_PIPE_QK == 2
+      if (tile + 2 < num_tiles) qk_landed(tile + 2);
+      softmax_handoff(sb, tile + 1, sa, tile + 2 < num_tiles ? tile + 2 : -1);
+#else
       if (tile + 2 < num_tiles) qk_issue(sa, tile + 2);
-      softmax_handoff(sb, tile + 1);
+      softmax_handoff(sb, tile + 1, sa, -1);
+#endif
       if (tile + 2 >= num_tiles) break;
       wgmma_wait<0>();
       fence_regs(sa);
@@ -960,7 +1013,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       if (tile > 0) named_bar_sync(kBarPVDone, kThreads);
       wgmma_wait<0>();
       fence_regs(s);
-      softmax_handoff(s, tile);
+      softmax_handoff(s, tile, s, -1);
     }
     named_bar_sync(kBarPVDone, kThreads);  // the last tile's PV (num_tiles >= 1: a split has keys)
 #endif
