@@ -438,36 +438,40 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 }
 
 // ---------------------------------------------------------------------------------------------
-// Warp-specialized variant (config "wgmma-ws", kernel/NOTES.md v8-v9, v15): three warpgroups, 384
-// threads, KV tiles of 48 keys in 3 stages (32 keys in 5 with -DVA_WS_BLOCK_N=32).
-//   WG0  ("S")   holds Q's 512 latent dims in registers (the wgmma A operand: 32 k-steps x 4
-//                registers) and its 64 RoPE dims in shared memory, computes S = Q K^T for the 48
-//                keys of a tile (36 x wgmma m64n48k16, K from shared memory),
-//                the online softmax, and writes bf16 P and each row's rescale factor to shared
-//                memory. It keeps the running max (registers) and its partial row sums (shared
-//                memory).
+// Warp-specialized variant (config "wgmma-ws", kernel/NOTES.md v8-v9, v15, v47-v52): three
+// warpgroups, 384 threads, KV tiles of 48 keys in 3 stages (32 keys in 5 with -DVA_WS_BLOCK_N=32).
+//   WG0  ("S")   holds Q's latent dims 0-319 in registers (the wgmma A operand: 20 k-steps x 4
+//                registers) and dims 320-575 (latent chunks 5-7 and the RoPE chunk) in shared
+//                memory, computes S = Q K^T for the 48 keys of a tile (36 x wgmma m64n48k16, K
+//                from shared memory), the online softmax, and writes bf16 P and each row's rescale
+//                factor to shared memory (two buffers, by tile parity). It keeps the running max
+//                (registers) and its partial row sums (shared memory). QK of tile i + 1 goes out in
+//                parts between the steps of tile i's softmax, into a second accumulator set.
 //   WG1, WG2     each own 256 of the 512 output dims (O: 128 registers per thread), multiply P by
 //                their half of V (3 x wgmma m64n256k16), and gather the KV chunks that they alone
 //                read for PV: WG1 dims 0-255 (chunks 0-3) and the RoPE chunk 8 (read only by QK,
 //                which is done before P exists), WG2 dims 256-511 (chunks 4-7).
-// With Q (but its RoPE part) out of shared memory the KV tiles get 162 KB: WG0 computes S for
-// tile i + 1 while WG1/WG2 multiply tile i, and a stage is refilled 3 tiles ahead. 48 keys rather
-// than 32 spread the per-tile costs that do not grow with the keys (the hand-off, barriers, the
-// row-max shuffles) over 1.5x the keys, and run wgmma at n48, which wastes less of each
-// instruction than n32 (kernel/NOTES.md v15).
-// Hand-offs: named barriers (bar.arrive by the producing side, bar.sync by the waiting side), and
-// one mbarrier for the data that threads of WG0 write and threads of WG1/WG2 read:
-//   kBarFull + s  tile in stage s landed (WG1/WG2 -> WG0)
-//   bar_p_ready   P and the rescale factors of the current tile written (WG0 -> WG1/WG2); with
-//                 the last tile, also the final row max and sum. The 32 WG0 threads that write
-//                 rescale factors arrive, each after its warp's __syncwarp (kernel/NOTES.md, v12:
-//                 racecheck clean, where a named barrier here was not)
-//   kBarPVDone    both halves of PV done with P (WG1/WG2 -> WG0, before it overwrites P)
-//   kBarS         WG0's own 128 threads: Q's RoPE rows landed (once)
-//   kBarEpilogue  WG1 + WG2: the split partial's staging (store_partial_half)
+// With most of Q out of shared memory the KV tiles get 162 KB: the tensor cores run QK of tile
+// i + 1 and PV of tile i while WG0 computes the softmax of tile i, and a stage is refilled 3 tiles
+// ahead. 48 keys rather than 32 spread the per-tile costs that do not grow with the keys (the
+// hand-off, barriers, the row-max shuffles) over 1.5x the keys, and run wgmma at n48, which
+// wastes less of each instruction than n32 (kernel/NOTES.md v15).
+// Hand-offs (VA_WS_PIPE_QK, the default): mbarriers for everything one role writes and another
+// reads, so that racecheck follows them and no side can run a phase ahead of a barrier:
+//   bar_full[s]     tile in stage s landed: each of the 256 gathering threads of WG1/WG2 arrives
+//                   through cp.async.mbarrier.arrive once its copies of the tile complete
+//   bar_p_ready[b]  P and the rescale factors in buffer b written (WG0 -> WG1/WG2); with the last
+//                   tile, also the final row max and sum. The 32 WG0 threads that write rescale
+//                   factors arrive, each after its warp's __syncwarp (kernel/NOTES.md, v12)
+//   bar_pv_done[b]  both halves of PV done with P buffer b (WG1/WG2 -> WG0, before it overwrites
+//                   the buffer two tiles later)
+// and named barriers within a side: kBarS (WG0: its Q rows in shared memory landed, once) and
+// kBarEpilogue (WG1 + WG2: the split partial's staging, store_partial_half). VA_WS_PIPE_QK=0
+// builds v41's loop instead (Q's latent dims all in registers, one P buffer, the tiles announced
+// by named barriers at the PV warpgroups' loop top).
 // Registers: setmaxnreg moves WG0 to 184 and WG1/WG2 to 160 each (128 x (184 + 2 x 160) = 64512,
-// the 168 x 384 the CTA starts with). ptxas accepts no less than 160 for a PV warpgroup, and
-// spills in WG0 with all of Q in registers or with 64-key tiles (S twice as large). 48 keys fit:
+// the 168 x 384 the CTA starts with). ptxas accepts no less than 160 for a PV warpgroup; WG0's
+// second accumulator set fits only with 3 of Q's latent chunks in shared memory (2 spill 8 bytes).
 // P goes out with stmatrix as soon as it is packed (no per-word addresses), each role takes its
 // accumulator rows from %tid.x, and the gather addresses its chunks at constant offsets.
 // ---------------------------------------------------------------------------------------------
@@ -510,24 +514,15 @@ struct ConfigWgmmaWsT {
 #else
 #define VA_WS_STAGES 3
 #endif
-// VA_WS_PIPE_QK: WG0 issues QK of tile i + 1 before the softmax of tile i (two S accumulator sets),
-// with VA_WS_Q_SMEM_CHUNKS of Q's latent chunks moved to shared memory to free their registers.
+// VA_WS_PIPE_QK (default 1): WG0 issues QK of tile i + 1 in parts between the steps of tile i's
+// softmax, into a second accumulator set, with VA_WS_Q_SMEM_CHUNKS of Q's latent chunks in shared
+// memory to free the registers, P double-buffered and the tiles announced by their own gathers
+// (kernel/NOTES.md, v47-v52). 0 builds the loop of v41 (QK, then the softmax) for A/Bs.
 #ifndef VA_WS_PIPE_QK
-#define VA_WS_PIPE_QK 0
+#define VA_WS_PIPE_QK 1
 #endif
 #ifndef VA_WS_Q_SMEM_CHUNKS
-#define VA_WS_Q_SMEM_CHUNKS (VA_WS_PIPE_QK ? 2 : 0)
-#endif
-// VA_WS_MBAR_FULL: a stage's tile is announced by its gathers' own cp.async completing an
-// mbarrier (v28), not by the PV warpgroups' loop top.
-#ifndef VA_WS_GATHER_BOUND
-#define VA_WS_GATHER_BOUND 0
-#endif
-#ifndef VA_WS_MBAR_FULL
-#define VA_WS_MBAR_FULL VA_WS_PIPE_QK
-#endif
-#if VA_WS_PIPE_QK && !VA_WS_MBAR_FULL
-#error "VA_WS_PIPE_QK needs VA_WS_MBAR_FULL: QK of the next tile waits for its data, not for the PV warpgroups"
+#define VA_WS_Q_SMEM_CHUNKS (VA_WS_PIPE_QK ? 3 : 0)
 #endif
 using ConfigWgmmaWs = ConfigWgmmaWsT<VA_WS_BLOCK_N, VA_WS_STAGES, VA_WS_Q_SMEM_CHUNKS, VA_WS_PIPE_QK ? 2 : 1>;
 
@@ -571,31 +566,13 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// S[64 x kBN] = Q K^T over 576 dims, K from the kBN-key tile at sK: the dims whose Q sits in
-// shared memory (sQs: its chunks 8 - kSmemLatent .. 8, the RoPE chunk last) first, then the
-// latent dims with Q from registers (qa[k-step], chunks 0 .. 7 - kSmemLatent). The shared-memory
-// k-steps first: 1-2 % faster in the loop-bound cases than last (kernel/NOTES.md, v13).
-template <int kNT, int kChunk, int kRegSteps>
-__device__ __forceinline__ void qk_tile_rs_issue(float (&s)[kNT][4], const uint32_t (&qa)[kRegSteps][4],
-                                                 uint32_t sQs, uint32_t sK) {
-  constexpr int kSmemLatent = (32 - kRegSteps) / 4;
-  wgmma_fence();
-  const uint64_t kb = smem_desc(sK, 16, 1024), qs = smem_desc(sQs, 16, 1024);
-#pragma unroll
-  for (int i = 0; i <= kSmemLatent; ++i)
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      wgmma_qk_ss<kNT>(s, qs + i * ((64 * 128) >> 4) + 2 * k, kb + (8 - kSmemLatent + i) * (kChunk >> 4) + 2 * k,
-                       i > 0 || k > 0);
-#pragma unroll
-  for (int ks = 0; ks < kRegSteps; ++ks)
-    wgmma_qk_rs<kNT>(s, qa[ks], kb + (ks / 4) * (kChunk >> 4) + 2 * (ks % 4), 1);
-  wgmma_commit();
-}
-
-// QK's k-steps [first, first + count) of the 36, in qk_tile_rs_issue's order (the shared-memory
-// ones first); the fence comes with the first and the commit with the last. `first` and `count`
-// are constants once the caller is unrolled. Between two ranges the caller may not touch s or qa.
+// S[64 x kBN] = Q K^T over 576 dims, K from the kBN-key tile at sK, in 36 k-steps: the dims whose
+// Q sits in shared memory (sQs: its chunks 8 - kSmemLatent .. 8, the RoPE chunk last) first, then
+// the latent dims with Q from registers (qa[k-step], chunks 0 .. 7 - kSmemLatent). The
+// shared-memory k-steps first: 1-2 % faster in the loop-bound cases than last (kernel/NOTES.md,
+// v13). qk_tile_rs_issue_steps issues k-steps [first, first + count), the fence with the first
+// and the commit with the last (`first` and `count` constants once the caller is unrolled; between
+// two ranges the caller may not touch s or qa); qk_tile_rs_issue all 36.
 template <int kNT, int kChunk, int kRegSteps>
 __device__ __forceinline__ void qk_tile_rs_issue_steps(float (&s)[kNT][4], const uint32_t (&qa)[kRegSteps][4],
                                                        uint32_t sQs, uint32_t sK, int first, int count) {
@@ -615,6 +592,11 @@ __device__ __forceinline__ void qk_tile_rs_issue_steps(float (&s)[kNT][4], const
     }
   }
   if (first + count == kSmemSteps + kRegSteps) wgmma_commit();
+}
+template <int kNT, int kChunk, int kRegSteps>
+__device__ __forceinline__ void qk_tile_rs_issue(float (&s)[kNT][4], const uint32_t (&qa)[kRegSteps][4],
+                                                 uint32_t sQs, uint32_t sK) {
+  qk_tile_rs_issue_steps<kNT, kChunk>(s, qa, sQs, sK, 0, 36);
 }
 
 // Q rows r_lo, r_lo + 8 of the tile, dims 0-511, as the A fragments of 32 k-steps. Padding rows
@@ -787,13 +769,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   const uint32_t bar_p_ready = smem_addr(s_bar_p_ready);
 #if VA_WS_PIPE_QK
   // PV of a tile done with its P buffer (WG1/WG2 -> WG0): mbarriers, one per buffer, since the PV
-  // warpgroups may finish a tile while WG0 has not yet waited for the one before.
+  // warpgroups may finish a tile while WG0 has not yet waited for the one before; and a stage's
+  // tile landed, completed by the gathering threads' own cp.async (WG1/WG2 -> WG0).
   __shared__ __align__(8) uint64_t s_bar_pv_done[kPBufs];
-  const uint32_t bar_pv_done = smem_addr(s_bar_pv_done);
-#endif
-#if VA_WS_MBAR_FULL
   __shared__ __align__(8) uint64_t s_bar_full[kStages];
-  const uint32_t bar_full = smem_addr(s_bar_full);
+  const uint32_t bar_pv_done = smem_addr(s_bar_pv_done), bar_full = smem_addr(s_bar_full);
 #endif
   if (tid == 0) {
     s_item = decode_item<kM>(p, s_plan, item);
@@ -802,8 +782,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
 #if VA_WS_PIPE_QK
 #pragma unroll
     for (int b = 0; b < kPBufs; ++b) mbar_init(bar_pv_done + 8 * b, 256);  // WG1 + WG2's threads, once per tile
-#endif
-#if VA_WS_MBAR_FULL
 #pragma unroll
     for (int st = 0; st < kStages; ++st) mbar_init(bar_full + 8 * st, 256);  // WG1 + WG2's threads, per tile
 #endif
@@ -846,19 +824,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     // From the work item once, so that each tile's mask test needs no load of it.
     const int first_masked = first_masked_tile(w, kBN);
     // The softmax of tile `tile` from its scores s, and the hand-off of its P (and, with the last
-    // tile, of the row statistics) to the PV warpgroups.
+    // tile, of the row statistics) to the PV warpgroups (softmax_handoff below picks `masked`).
     // With `masked` (a constant at each call), the softmax sees -inf where the row's visibility bits
-    // (vis_lo, vis_hi) hide a key. The scores are never written: with VA_WS_PIPE_QK the next tile's
-    // QK is in flight into the other accumulator set, and ptxas serializes wgmma around any write
-    // to an accumulator register there.
-    // With VA_WS_PIPE_QK=2 and next >= 0, the softmax issues QK of tile `next` into nxt in kNT + 1
-    // parts between its steps (before the max, then after each n8 tile's exponentials), so that
-    // WG0 never waits long at a wgmma issue the tensor pipe is not ready to take (kernel/NOTES.md, v52).
+    // (vis_lo, vis_hi) hide a key. The scores are never written: the next tile's QK is in flight
+    // into the other accumulator set, and ptxas serializes wgmma around any write to an
+    // accumulator register there.
+    // With next >= 0, the softmax issues QK of tile `next` into nxt in kNT + 1 parts between its
+    // steps (before the row max, then after each n8 tile's exponentials): a wgmma issue stalls
+    // until the tensor pipe takes it, so the 36 issued at once would hold WG0 for as long as the
+    // pipe is busy with PV (kernel/NOTES.md, v50-v52).
     auto softmax_handoff_with = [&](const float (&s)[kNT][4], int tile, bool masked, uint64_t vis_lo,
                                     uint64_t vis_hi, float (&nxt)[kNT][4], int next) {
       constexpr int kParts = kNT + 1, kSteps = 36, kPer = (kSteps + kParts - 1) / kParts;
       auto issue_part = [&](int part) {
-#if VA_WS_PIPE_QK == 2
+#if VA_WS_PIPE_QK
         if (next >= 0)
           qk_tile_rs_issue_steps<kNT, Cfg::kChunkBytes>(nxt, qa, sQs, sKV + (next % kStages) * Cfg::kTileBytes,
                                                         part * kPer, min(kPer, kSteps - part * kPer));
@@ -936,8 +915,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       __syncwarp();
       if (lane % 4 == 0) mbar_arrive(bar_p_ready + 8 * (tile % kPBufs));
     };
-    // The softmax of tile `tile` from its scores s, and the hand-off of its P (and, with the last
-    // tile, of the row statistics) to the PV warpgroups.
     auto softmax_handoff = [&](const float (&s)[kNT][4], int tile, float (&nxt)[kNT][4], int next) {
       if (tile >= first_masked) {  // tile_needs_mask(w, w.kv_begin + tile * kBN, kBN), without loading w
         // Each row's window of visibility bits (its keys are pos0 + 8 j + 0/1, j < kNT: 42 keys).
@@ -951,13 +928,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       }
     };
     auto qk_landed = [&](int tile) {
-#if VA_WS_MBAR_FULL
+#if VA_WS_PIPE_QK
       mbar_wait(bar_full + 8 * (tile % kStages), (tile / kStages) & 1);  // tile landed
       fence_proxy_async();  // the gathers' cp.async writes, before this warpgroup's wgmma reads them
 #endif
     };
     auto qk_issue = [&](float (&s)[kNT][4], int tile) {
-#if VA_WS_MBAR_FULL
+#if VA_WS_PIPE_QK
       mbar_wait(bar_full + 8 * (tile % kStages), (tile / kStages) & 1);  // tile landed
       fence_proxy_async();  // the gathers' cp.async writes, before this warpgroup's wgmma reads them
 #else
@@ -966,10 +943,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       qk_tile_rs_issue<kNT, Cfg::kChunkBytes>(s, qa, sQs, sKV + (tile % kStages) * Cfg::kTileBytes);
     };
 #if VA_WS_PIPE_QK
-    // QK of tile i + 1 is issued before the softmax of tile i, into the other accumulator set, so
+    // QK of tile i + 1 goes out during the softmax of tile i, into the other accumulator set, so
     // the tensor cores run it while WG0 computes and hands over P of tile i; P goes to the buffer
     // of its tile's parity, which PV of tile i - 2 must be done with. Unrolled by two: the sets
-    // trade roles without register moves.
+    // trade roles without register moves. The waits come before the softmax that issues QK: a
+    // thread's spin on an mbarrier with wgmma in flight makes ptxas serialize the wgmma (a
+    // compiler-inserted wait in a divergent path).
     auto pv_done_wait = [&](int tile) {
       if (tile >= 2) mbar_wait(bar_pv_done + 8 * (tile % 2), (tile / 2 - 1) & 1);
     };
@@ -977,28 +956,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     qk_issue(sa, 0);
     wgmma_wait<0>();
     fence_regs(sa);
-    // The waits come before QK's issue: a thread's spin on an mbarrier with wgmma in flight makes
-    // ptxas serialize the wgmma (a compiler-inserted wait in a divergent path).
     for (int tile = 0; tile < num_tiles; tile += 2) {
       pv_done_wait(tile);
-#if VA_WS_PIPE_QK == 2
       if (tile + 1 < num_tiles) qk_landed(tile + 1);
       softmax_handoff(sa, tile, sb, tile + 1 < num_tiles ? tile + 1 : -1);
-#else
-      if (tile + 1 < num_tiles) qk_issue(sb, tile + 1);
-      softmax_handoff(sa, tile, sb, -1);
-#endif
       if (tile + 1 >= num_tiles) break;
       wgmma_wait<0>();
       fence_regs(sb);
       pv_done_wait(tile + 1);
-#if VA_WS_PIPE_QK == 2
       if (tile + 2 < num_tiles) qk_landed(tile + 2);
       softmax_handoff(sb, tile + 1, sa, tile + 2 < num_tiles ? tile + 2 : -1);
-#else
-      if (tile + 2 < num_tiles) qk_issue(sa, tile + 2);
-      softmax_handoff(sb, tile + 1, sa, -1);
-#endif
       if (tile + 2 >= num_tiles) break;
       wgmma_wait<0>();
       fence_regs(sa);
@@ -1044,18 +1011,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     // Rows ld_row + 16 k of a tile; rows past the split, and slots outside the pool, are
     // zero-filled (never read).
     auto load_rows = [&](int slot, int k, int stage) {
-#if VA_WS_GATHER_BOUND == 1
-      // Timing only (wrong output): a tile's last row group is zero-filled, not read: a third less
-      // L2 -> SM traffic, the same copies issued.
-      const bool ok = k < kRowsPer - 1 && slot >= 0 && slot < p.num_slots;
-#elif VA_WS_GATHER_BOUND == 2
-      // Timing only (wrong output): a tile's last row group is not copied at all (zero-filled once
-      // in every stage before the loop): a third fewer copies issued and bytes moved.
-      if (k == kRowsPer - 1 && slot != -2) return;
       const bool ok = slot >= 0 && slot < p.num_slots;
-#else
-      const bool ok = slot >= 0 && slot < p.num_slots;
-#endif
       const __nv_bfloat16* src = p.kv + (ok ? static_cast<int64_t>(slot) * kQKDim : 0);
       copy_row_line<Cfg::kChunkBytes>(sKV + stage * Cfg::kTileBytes, ld_row + 16 * k, ld_u, half, src, ok, kv_policy);
     };
@@ -1065,12 +1021,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     };
     // Tile 0 alone first: at the start every SM's L2 -> SM bandwidth is what limits, so tile 0
     // (and WG0's Q) land before tiles 1.. are asked for.
-#if VA_WS_GATHER_BOUND == 2
-#pragma unroll 1
-    for (int st = 0; st < kStages; ++st) load_rows(-2, kRowsPer - 1, st);  // zeros, once
-#endif
     load_tile(fetch_slots(0), 0);  // num_tiles >= 1
-#if VA_WS_MBAR_FULL
+#if VA_WS_PIPE_QK
     cp_async_mbar_arrive(bar_full);
 #else
     cp_async_commit();
@@ -1078,7 +1030,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     float o[32][4];
 #pragma unroll
     for (int j = 0; j < 32; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-#if VA_WS_MBAR_FULL
+#if VA_WS_PIPE_QK
     mbar_wait(bar_full, 0);
 #pragma unroll 1
     for (int t = 1; t < kStages && t < num_tiles; ++t) {
@@ -1097,7 +1049,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
 #endif
     for (int tile = 0; tile < num_tiles; ++tile) {
       const auto next_slots = fetch_slots(tile + kStages);  // consumed under this tile's PV
-#if VA_WS_MBAR_FULL
+#if VA_WS_PIPE_QK
       // P, rescale factors (and row statistics) of this tile
       mbar_wait(bar_p_ready + 8 * (tile % kPBufs), (tile / kPBufs) & 1);
       // V landed before WG0 took the tile (its wait on the stage's barrier, which this wait
@@ -1134,7 +1086,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         }
         if (refill) load_rows(next_slots.v[k], k, tile % kStages);
       }
-#if VA_WS_MBAR_FULL
+#if VA_WS_PIPE_QK
       if (refill) cp_async_mbar_arrive(bar_full + 8 * (tile % kStages));
 #else
       cp_async_commit();
