@@ -440,40 +440,43 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 // ---------------------------------------------------------------------------------------------
 // Warp-specialized variant (config "wgmma-ws", kernel/NOTES.md v8-v9, v15, v47-v52): three
 // warpgroups, 384 threads, KV tiles of 48 keys in 3 stages (32 keys in 5 with -DVA_WS_BLOCK_N=32).
-//   WG0  ("S")   holds Q's latent dims 0-319 in registers (the wgmma A operand: 20 k-steps x 4
-//                registers) and dims 320-575 (latent chunks 5-7 and the RoPE chunk) in shared
-//                memory, computes S = Q K^T for the 48 keys of a tile (36 x wgmma m64n48k16, K
-//                from shared memory), the online softmax, and writes bf16 P and each row's rescale
-//                factor to shared memory (two buffers, by tile parity). It keeps the running max
-//                (registers) and its partial row sums (shared memory). QK of tile i + 1 goes out in
-//                parts between the steps of tile i's softmax, into a second accumulator set.
+//   WG0  ("S")   holds Q's 512 latent dims in registers (the wgmma A operand: 32 k-steps x 4
+//                registers) and its 64 RoPE dims in shared memory, computes S = Q K^T for the 48
+//                keys of a tile (36 x wgmma m64n48k16, K from shared memory), the online softmax,
+//                and writes bf16 P and each row's rescale factor to shared memory. It keeps the
+//                running max (registers) and its partial row sums (shared memory).
 //   WG1, WG2     each own 256 of the 512 output dims (O: 128 registers per thread), multiply P by
 //                their half of V (3 x wgmma m64n256k16), and gather the KV chunks that they alone
 //                read for PV: WG1 dims 0-255 (chunks 0-3) and the RoPE chunk 8 (read only by QK,
 //                which is done before P exists), WG2 dims 256-511 (chunks 4-7).
-// With most of Q out of shared memory the KV tiles get 162 KB: the tensor cores run QK of tile
-// i + 1 and PV of tile i while WG0 computes the softmax of tile i, and a stage is refilled 3 tiles
-// ahead. 48 keys rather than 32 spread the per-tile costs that do not grow with the keys (the
-// hand-off, barriers, the row-max shuffles) over 1.5x the keys, and run wgmma at n48, which
-// wastes less of each instruction than n32 (kernel/NOTES.md v15).
-// Hand-offs (VA_WS_PIPE_QK, the default): mbarriers for everything one role writes and another
-// reads, so that racecheck follows them and no side can run a phase ahead of a barrier:
-//   bar_full[s]     tile in stage s landed: each of the 256 gathering threads of WG1/WG2 arrives
-//                   through cp.async.mbarrier.arrive once its copies of the tile complete
-//   bar_p_ready[b]  P and the rescale factors in buffer b written (WG0 -> WG1/WG2); with the last
-//                   tile, also the final row max and sum. The 32 WG0 threads that write rescale
-//                   factors arrive, each after its warp's __syncwarp (kernel/NOTES.md, v12)
-//   bar_pv_done[b]  both halves of PV done with P buffer b (WG1/WG2 -> WG0, before it overwrites
-//                   the buffer two tiles later)
-// and named barriers within a side: kBarS (WG0: its Q rows in shared memory landed, once) and
-// kBarEpilogue (WG1 + WG2: the split partial's staging, store_partial_half). VA_WS_PIPE_QK=0
-// builds v41's loop instead (Q's latent dims all in registers, one P buffer, the tiles announced
-// by named barriers at the PV warpgroups' loop top).
+// With Q (but its RoPE part) out of shared memory the KV tiles get 162 KB: WG0 computes S for
+// tile i + 1 while WG1/WG2 multiply tile i, and a stage is refilled 3 tiles ahead. 48 keys rather
+// than 32 spread the per-tile costs that do not grow with the keys (the hand-off, barriers, the
+// row-max shuffles) over 1.5x the keys, and run wgmma at n48, which wastes less of each
+// instruction than n32 (kernel/NOTES.md v15).
+// Hand-offs: named barriers (bar.arrive by the producing side, bar.sync by the waiting side), and
+// one mbarrier for the data that threads of WG0 write and threads of WG1/WG2 read:
+//   kBarFull + s  tile in stage s landed (WG1/WG2 -> WG0)
+//   bar_p_ready   P and the rescale factors of the current tile written (WG0 -> WG1/WG2); with
+//                 the last tile, also the final row max and sum. The 32 WG0 threads that write
+//                 rescale factors arrive, each after its warp's __syncwarp (kernel/NOTES.md, v12:
+//                 racecheck clean, where a named barrier here was not)
+//   kBarPVDone    both halves of PV done with P (WG1/WG2 -> WG0, before it overwrites P)
+//   kBarS         WG0's own 128 threads: Q's rows in shared memory landed (once)
+//   kBarEpilogue  WG1 + WG2: the split partial's staging (store_partial_half)
+// With VA_WS_PIPE_QK=1 (v52, a build switch) WG0 holds only Q's latent dims 0-319 in registers
+// (dims 320-575 in shared memory, VA_WS_Q_SMEM_CHUNKS), which frees the registers of a second S
+// accumulator set, and issues QK of tile i + 1 into it in parts between the steps of tile i's
+// softmax. P and the rescale factors then get two buffers (by tile parity), and every hand-off
+// between the roles is an mbarrier: bar_full[s] (each of the 256 gathering threads arrives through
+// cp.async.mbarrier.arrive once its copies of the tile complete), bar_p_ready[b] and
+// bar_pv_done[b] (per P buffer), so that no side can run a phase ahead of a barrier.
 // Registers: setmaxnreg moves WG0 to 184 and WG1/WG2 to 160 each (128 x (184 + 2 x 160) = 64512,
-// the 168 x 384 the CTA starts with). ptxas accepts no less than 160 for a PV warpgroup; WG0's
-// second accumulator set fits only with 3 of Q's latent chunks in shared memory (2 spill 8 bytes).
-// P goes out with stmatrix as soon as it is packed (no per-word addresses), each role takes its
-// accumulator rows from %tid.x, and the gather addresses its chunks at constant offsets.
+// the 168 x 384 the CTA starts with). ptxas accepts no less than 160 for a PV warpgroup, and
+// spills in WG0 with all of Q in registers beside a second S set or with 64-key tiles (S twice as
+// large). 48 keys fit: P goes out with stmatrix as soon as it is packed (no per-word addresses),
+// each role takes its accumulator rows from %tid.x, and the gather addresses its chunks at
+// constant offsets.
 // ---------------------------------------------------------------------------------------------
 template <int kBlockN_, int kStages_, int kQSmemLatent_ = 0, int kPBufs_ = 1>
 struct ConfigWgmmaWsT {
@@ -514,12 +517,13 @@ struct ConfigWgmmaWsT {
 #else
 #define VA_WS_STAGES 3
 #endif
-// VA_WS_PIPE_QK (default 1): WG0 issues QK of tile i + 1 in parts between the steps of tile i's
-// softmax, into a second accumulator set, with VA_WS_Q_SMEM_CHUNKS of Q's latent chunks in shared
-// memory to free the registers, P double-buffered and the tiles announced by their own gathers
-// (kernel/NOTES.md, v47-v52). 0 builds the loop of v41 (QK, then the softmax) for A/Bs.
+// VA_WS_PIPE_QK=1: WG0 issues QK of tile i + 1 in parts between the steps of tile i's softmax, into
+// a second accumulator set, with VA_WS_Q_SMEM_CHUNKS of Q's latent chunks in shared memory to free
+// the registers, P double-buffered and the tiles announced by their own gathers (kernel/NOTES.md,
+// v47-v52: 3.7-5.5 % faster where the loop binds in one process, not yet shown not to lose on the
+// few-row-tile calls). The default, 0, is v41's loop: QK, then the softmax.
 #ifndef VA_WS_PIPE_QK
-#define VA_WS_PIPE_QK 1
+#define VA_WS_PIPE_QK 0
 #endif
 #ifndef VA_WS_Q_SMEM_CHUNKS
 #define VA_WS_Q_SMEM_CHUNKS (VA_WS_PIPE_QK ? 3 : 0)
@@ -835,9 +839,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     // pipe is busy with PV (kernel/NOTES.md, v50-v52).
     auto softmax_handoff_with = [&](const float (&s)[kNT][4], int tile, bool masked, uint64_t vis_lo,
                                     uint64_t vis_hi, float (&nxt)[kNT][4], int next) {
-      constexpr int kParts = kNT + 1, kSteps = 36, kPer = (kSteps + kParts - 1) / kParts;
       auto issue_part = [&](int part) {
 #if VA_WS_PIPE_QK
+        constexpr int kParts = kNT + 1, kSteps = 36, kPer = (kSteps + kParts - 1) / kParts;
         if (next >= 0)
           qk_tile_rs_issue_steps<kNT, Cfg::kChunkBytes>(nxt, qa, sQs, sKV + (next % kStages) * Cfg::kTileBytes,
                                                         part * kPer, min(kPer, kSteps - part * kPer));
@@ -915,17 +919,36 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       __syncwarp();
       if (lane % 4 == 0) mbar_arrive(bar_p_ready + 8 * (tile % kPBufs));
     };
-    auto softmax_handoff = [&](const float (&s)[kNT][4], int tile, float (&nxt)[kNT][4], int next) {
+    // A masked tile's visibility bits for this thread's two rows (its keys are pos0 + 8 j + 0/1,
+    // j < kNT: 42 keys).
+    auto visibility = [&](int tile, uint64_t& vis_lo, uint64_t& vis_hi) {
+      static_assert(8 * (kNT - 1) + 2 <= 64, "a thread's keys of a tile fit one 64-key window");
+      const int pos0 = w.kv_begin + tile * kBN + (lane % 4) * 2;
+      const int tok_lo = row_token(w, r_lo, p.num_heads), tok_hi = row_token(w, r_lo + 8, p.num_heads);
+      vis_lo = visible_window(w, pos0, tok_lo);
+      vis_hi = visible_window(w, pos0, tok_hi);
+    };
+    auto softmax_handoff = [&](float (&s)[kNT][4], int tile, float (&nxt)[kNT][4], int next) {
+      uint64_t vis_lo, vis_hi;
+#if VA_WS_PIPE_QK
       if (tile >= first_masked) {  // tile_needs_mask(w, w.kv_begin + tile * kBN, kBN), without loading w
-        // Each row's window of visibility bits (its keys are pos0 + 8 j + 0/1, j < kNT: 42 keys).
-        static_assert(8 * (kNT - 1) + 2 <= 64, "a thread's keys of a tile fit one 64-key window");
-        const int pos0 = w.kv_begin + tile * kBN + (lane % 4) * 2;
-        const int tok_lo = row_token(w, r_lo, p.num_heads), tok_hi = row_token(w, r_lo + 8, p.num_heads);
-        const uint64_t vis_lo = visible_window(w, pos0, tok_lo), vis_hi = visible_window(w, pos0, tok_hi);
+        visibility(tile, vis_lo, vis_hi);
         softmax_handoff_with(s, tile, true, vis_lo, vis_hi, nxt, next);
       } else {
         softmax_handoff_with(s, tile, false, 0, 0, nxt, next);
       }
+#else
+      // No wgmma is in flight here: the masked keys' scores are set to -inf in place.
+      if (tile >= first_masked) {  // tile_needs_mask(w, w.kv_begin + tile * kBN, kBN), without loading w
+        visibility(tile, vis_lo, vis_hi);
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (!(((e & 2) ? vis_hi : vis_lo) >> (8 * j + (e & 1)) & 1ull)) s[j][e] = -INFINITY;
+      }
+      softmax_handoff_with(s, tile, false, 0, 0, nxt, next);
+#endif
     };
     auto qk_landed = [&](int tile) {
 #if VA_WS_PIPE_QK
