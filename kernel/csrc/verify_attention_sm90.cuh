@@ -958,8 +958,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     };
     auto qk_issue = [&](float (&s)[kNT][4], int tile) {
 #if VA_WS_PIPE_QK
-      mbar_wait(bar_full + 8 * (tile % kStages), (tile / kStages) & 1);  // tile landed
-      fence_proxy_async();  // the gathers' cp.async writes, before this warpgroup's wgmma reads them
+      qk_landed(tile);
 #else
       named_bar_sync(kBarFull + tile % kStages, kThreads);  // tile landed
 #endif
