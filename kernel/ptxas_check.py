@@ -1,6 +1,6 @@
 """Compile the kernels for every target arch with nvcc (no GPU needed) and check their resources.
 
-    python -m kernel.ptxas_check [--json out.json]
+    python -m kernel.ptxas_check [--json out.json] [--define VA_SWITCH=VALUE ...]
 
 For each arch (sm_90a, i.e. sm_90 with the wgmma kernel, and sm_120) it reads ptxas's resource
 report and fails when:
@@ -13,7 +13,9 @@ report and fails when:
 On sm_120 the wgmma kernel is compiled as a stub that traps (wgmma exists only on sm_90a), so
 only the mma.sync configurations are checked there.
 Dynamic shared memory comes from the configurations themselves (a host program built from the
-same header prints them), so the check cannot drift from the code.
+same header prints them), so the check cannot drift from the code. `--define` builds the kernels
+and that program with one of the kernel's build switches set (README, "Build switches"), e.g.
+`--define VA_WS_PIPE_QK=1`, so that a switch's build is held to the same limits.
 """
 
 from __future__ import annotations
@@ -94,11 +96,38 @@ def parse_ptxas(report: str) -> list[KernelResources]:
     return out
 
 
-def compile_report(arch: str, workdir: Path) -> str:
+_DEFINE = re.compile(r"VA_[A-Z0-9_]+(=[A-Za-z0-9_]+)?")
+
+
+def source_switches() -> set[str]:
+    """The VA_ macros the kernel sources test in #if / #ifdef / #ifndef / #elif lines."""
+    found: set[str] = set()
+    for path in CSRC.iterdir():
+        for line in path.read_text().splitlines():
+            if m := re.match(r"\s*#\s*(?:if|ifdef|ifndef|elif)\b(.*)", line):
+                found |= set(re.findall(r"\bVA_[A-Z0-9_]+", m.group(1)))
+    return found - {"VA_HAVE_SM90A"}  # set per arch by the build itself
+
+
+def define_flags(defines: list[str]) -> list[str]:
+    """``-D`` flags for the kernel's build switches; a clear error for anything else."""
+    switches = source_switches() if defines else set()
+    for d in defines:
+        if not _DEFINE.fullmatch(d):
+            raise ValueError(f"--define: expected a build switch as VA_NAME or VA_NAME=VALUE, got {d!r}")
+        if d.split("=")[0] not in switches:
+            raise ValueError(
+                f"--define: {d.split('=')[0]!r} is not a build switch the kernel sources read "
+                f"(README, 'Build switches': {', '.join(sorted(switches))})"
+            )
+    return [f"-D{d}" for d in defines]
+
+
+def compile_report(arch: str, workdir: Path, defines: list[str] = ()) -> str:
     num = arch.split("_")[1]
-    defines = ["-DVA_HAVE_SM90A"] if arch == "sm_90a" else []
+    flags = (["-DVA_HAVE_SM90A"] if arch == "sm_90a" else []) + define_flags(list(defines))
     cmd = [
-        "nvcc", "-std=c++17", "-O3", "--use_fast_math", f"-gencode=arch=compute_{num},code={arch}", *defines,
+        "nvcc", "-std=c++17", "-O3", "--use_fast_math", f"-gencode=arch=compute_{num},code={arch}", *flags,
         "-Xptxas", "-v", "-cubin", "-o", str(workdir / f"va_{arch}.cubin"), str(CSRC / "verify_attention.cu"),
     ]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True)
@@ -107,18 +136,18 @@ def compile_report(arch: str, workdir: Path) -> str:
     return res.stdout + res.stderr
 
 
-def build_config_report(workdir: Path) -> Path:
+def build_config_report(workdir: Path, defines: list[str] = ()) -> Path:
     """The host program that prints the configurations (and `auto`'s small-shape rule)."""
     exe = workdir / "config_report"
-    cmd = ["nvcc", "-std=c++17", "-o", str(exe), str(CSRC / "config_report.cu")]
+    cmd = ["nvcc", "-std=c++17", *define_flags(list(defines)), "-o", str(exe), str(CSRC / "config_report.cu")]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"nvcc failed for config_report.cu:\n{res.stdout}\n{res.stderr}")
     return exe
 
 
-def config_sizes(workdir: Path) -> dict[str, dict[str, int]]:
-    exe = build_config_report(workdir)
+def config_sizes(workdir: Path, defines: list[str] = ()) -> dict[str, dict[str, int]]:
+    exe = build_config_report(workdir, defines)
     return json.loads(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout)
 
 
@@ -168,11 +197,19 @@ def check(kernels: list[KernelResources], configs: dict[str, dict[str, int]]) ->
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the resource report here")
+    parser.add_argument(
+        "--define", action="append", default=[], metavar="VA_SWITCH=VALUE",
+        help="build with this kernel build switch set (repeatable)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    try:
+        define_flags(args.define)
+    except ValueError as e:
+        parser.error(str(e))
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        kernels = [k for arch in ARCHS for k in parse_ptxas(compile_report(arch, work))]
-        configs = config_sizes(work)
+        kernels = [k for arch in ARCHS for k in parse_ptxas(compile_report(arch, work, args.define))]
+        configs = config_sizes(work, args.define)
     print(f"{'arch':7} {'regs':>4} {'stack':>5} {'spill':>5} {'smem':>5}  function")
     for k in kernels:
         spill = k.spill_store_bytes + k.spill_load_bytes
@@ -188,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in problems:
         print(f"FAIL: {p}", file=sys.stderr)
     print(
-        "ptxas check:",
+        "ptxas check" + "".join(f" -D{d}" for d in args.define) + ":",
         "FAILED" if problems else "ok (no spills, no stack frame, shared memory within limits)",
     )
     return 1 if problems else 0

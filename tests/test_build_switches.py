@@ -6,20 +6,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from kernel.ptxas_check import source_switches
+
 PROJECT = Path(__file__).resolve().parents[1]
-CSRC = PROJECT / "kernel" / "csrc"
-# Set by the build itself (kernel/build.py), not a tuning switch.
-NOT_SWITCHES = {"VA_HAVE_SM90A"}
 
 
 def switches_in_sources() -> set[str]:
-    found: set[str] = set()
-    for path in CSRC.iterdir():
-        for line in path.read_text().splitlines():
-            m = re.match(r"\s*#\s*(?:if|ifdef|ifndef|elif)\b(.*)", line)
-            if m:
-                found |= set(re.findall(r"\bVA_[A-Z0-9_]+", m.group(1)))
-    return found - NOT_SWITCHES
+    return source_switches()
 
 
 def switches_in_readme() -> set[str]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from kernel.ptxas_check import ARCHS, MAIN_KERNEL, check, parse_ptxas
+import pytest
+
+from kernel.ptxas_check import ARCHS, MAIN_KERNEL, check, define_flags, parse_ptxas
 
 CONFIGS = {
     "large": {"rows_per_cta": 64, "block_n": 32, "stages": 2, "threads": 256, "dynamic_smem_bytes": 165888},
@@ -79,3 +81,17 @@ def test_registers_beyond_the_register_file_fail() -> None:
 
 def test_a_missing_kernel_is_reported() -> None:
     assert any("no main kernel found" in p for p in check([], CONFIGS))
+
+
+def test_define_takes_the_kernels_build_switches_only() -> None:
+    assert define_flags(["VA_WS_PIPE_QK=1", "VA_WS_BLOCK_N=32"]) == [
+        "-DVA_WS_PIPE_QK=1",
+        "-DVA_WS_BLOCK_N=32",
+    ]
+    assert define_flags([]) == []
+    with pytest.raises(ValueError, match="--define: expected a build switch"):
+        define_flags(["-DVA_WS_PIPE_QK=1"])
+    with pytest.raises(ValueError, match="'VA_WS_NO_SUCH' is not a build switch"):
+        define_flags(["VA_WS_NO_SUCH=1"])
+    with pytest.raises(ValueError, match="'VA_HAVE_SM90A' is not a build switch"):
+        define_flags(["VA_HAVE_SM90A"])  # set per arch by the build itself
