@@ -123,9 +123,10 @@ def define_flags(defines: list[str]) -> list[str]:
     return [f"-D{d}" for d in defines]
 
 
-def compile_report(arch: str, workdir: Path, defines: list[str] = ()) -> str:
+def compile_report(arch: str, workdir: Path, switch_flags: list[str] = ()) -> str:
+    """nvcc's resource report for ``arch``; ``switch_flags`` from :func:`define_flags`."""
     num = arch.split("_")[1]
-    flags = (["-DVA_HAVE_SM90A"] if arch == "sm_90a" else []) + define_flags(list(defines))
+    flags = (["-DVA_HAVE_SM90A"] if arch == "sm_90a" else []) + list(switch_flags)
     cmd = [
         "nvcc", "-std=c++17", "-O3", "--use_fast_math", f"-gencode=arch=compute_{num},code={arch}", *flags,
         "-Xptxas", "-v", "-cubin", "-o", str(workdir / f"va_{arch}.cubin"), str(CSRC / "verify_attention.cu"),
@@ -136,18 +137,18 @@ def compile_report(arch: str, workdir: Path, defines: list[str] = ()) -> str:
     return res.stdout + res.stderr
 
 
-def build_config_report(workdir: Path, defines: list[str] = ()) -> Path:
+def build_config_report(workdir: Path, switch_flags: list[str] = ()) -> Path:
     """The host program that prints the configurations (and `auto`'s small-shape rule)."""
     exe = workdir / "config_report"
-    cmd = ["nvcc", "-std=c++17", *define_flags(list(defines)), "-o", str(exe), str(CSRC / "config_report.cu")]
+    cmd = ["nvcc", "-std=c++17", *switch_flags, "-o", str(exe), str(CSRC / "config_report.cu")]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"nvcc failed for config_report.cu:\n{res.stdout}\n{res.stderr}")
     return exe
 
 
-def config_sizes(workdir: Path, defines: list[str] = ()) -> dict[str, dict[str, int]]:
-    exe = build_config_report(workdir, defines)
+def config_sizes(workdir: Path, switch_flags: list[str] = ()) -> dict[str, dict[str, int]]:
+    exe = build_config_report(workdir, switch_flags)
     return json.loads(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout)
 
 
@@ -203,13 +204,13 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        define_flags(args.define)
+        switch_flags = define_flags(args.define)  # checked once, used by every build below
     except ValueError as e:
         parser.error(str(e))
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        kernels = [k for arch in ARCHS for k in parse_ptxas(compile_report(arch, work, args.define))]
-        configs = config_sizes(work, args.define)
+        kernels = [k for arch in ARCHS for k in parse_ptxas(compile_report(arch, work, switch_flags))]
+        configs = config_sizes(work, switch_flags)
     print(f"{'arch':7} {'regs':>4} {'stack':>5} {'spill':>5} {'smem':>5}  function")
     for k in kernels:
         spill = k.spill_store_bytes + k.spill_load_bytes
