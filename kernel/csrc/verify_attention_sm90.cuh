@@ -561,6 +561,35 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
+// Non-blocking: whether the phase of the given parity has completed (acquire when it has).
+__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// A named barrier over `count` threads that returns the AND of their predicates to all of them.
+__device__ __forceinline__ bool named_bar_and(int id, int count, bool pred) {
+  uint32_t all;
+  asm volatile(
+      "{\n"
+      ".reg .pred p, q;\n"
+      "setp.ne.u32 p, %1, 0;\n"
+      "bar.red.and.pred q, %2, %3, p;\n"
+      "selp.u32 %0, 1, 0, q;\n"
+      "}\n"
+      : "=r"(all)
+      : "r"(static_cast<uint32_t>(pred)), "r"(id), "r"(count)
+      : "memory");
+  return all != 0;
+}
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
@@ -974,23 +1003,48 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     auto pv_done_wait = [&](int tile) {
       if (tile >= 2) mbar_wait(bar_pv_done + 8 * (tile % 2), (tile / 2 - 1) & 1);
     };
+    // The tile whose QK goes out during the softmax of `tile`: tile + 1, once it has landed, or -1.
+    // VA_WS_PIPE_QK=2 (v53) does not wait for it: where it has not landed yet (the gather's lead
+    // short of DRAM's latency), P of `tile` goes first and QK of tile + 1 after the hand-off
+    // (late_qk). WG0's four warps must agree (wgmma is warpgroup-wide): the AND of their tests.
+    auto next_early = [&](int tile) -> int {
+      if (tile + 1 >= num_tiles) return -1;
+#if VA_WS_PIPE_QK == 2
+      const int t = tile + 1;
+      if (!named_bar_and(kBarS, 128, mbar_test(bar_full + 8 * (t % kStages), (t / kStages) & 1))) return -1;
+#endif
+      qk_landed(tile + 1);
+      return tile + 1;
+    };
+    // After the softmax's wgmma_wait: no wgmma is in flight, so the landed wait cannot serialize one.
+    auto late_qk = [&](float (&s)[kNT][4], int tile, int early) {
+#if VA_WS_PIPE_QK == 2
+      if (early < 0) {
+        qk_issue(s, tile + 1);
+        wgmma_wait<0>();
+        fence_regs(s);
+      }
+#endif
+    };
     float sa[kNT][4], sb[kNT][4];
     qk_issue(sa, 0);
     wgmma_wait<0>();
     fence_regs(sa);
     for (int tile = 0; tile < num_tiles; tile += 2) {
       pv_done_wait(tile);
-      if (tile + 1 < num_tiles) qk_landed(tile + 1);
-      softmax_handoff(sa, tile, sb, tile + 1 < num_tiles ? tile + 1 : -1);
+      const int next_a = next_early(tile);
+      softmax_handoff(sa, tile, sb, next_a);
       if (tile + 1 >= num_tiles) break;
       wgmma_wait<0>();
       fence_regs(sb);
+      late_qk(sb, tile, next_a);
       pv_done_wait(tile + 1);
-      if (tile + 2 < num_tiles) qk_landed(tile + 2);
-      softmax_handoff(sb, tile + 1, sa, tile + 2 < num_tiles ? tile + 2 : -1);
+      const int next_b = next_early(tile + 1);
+      softmax_handoff(sb, tile + 1, sa, next_b);
       if (tile + 2 >= num_tiles) break;
       wgmma_wait<0>();
       fence_regs(sa);
+      late_qk(sa, tile + 1, next_b);
     }
     wgmma_wait<0>();  // nothing is in flight here; said so, or ptxas adds a wait of its own
 #else
