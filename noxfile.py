@@ -63,8 +63,6 @@ def tests(session: nox.Session) -> None:
     regression gate over the committed report history (newest two runs per GPU model and grid)."""
     _install_project(session, "[dev]")
     session.run("python", "-m", "kernel.ptxas_check")
-    # v52's build switch (kernel/NOTES.md v47-v52) is held to the same limits as the default build.
-    session.run("python", "-m", "kernel.ptxas_check", "--define", "VA_WS_PIPE_QK=1")
     # Gate on the project's kernel, every entry of it (`auto` and sm_120's configs forced); the
     # reference implementations' drift between boards is shown, not counted (harness/compare.py,
     # "Gated implementations").

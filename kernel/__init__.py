@@ -67,10 +67,14 @@ def verify_attention(
                           last entries (over-allocated buffers): the kernel reads only what the
                           indptrs address, and rows of out and lse past qo_indptr[-1] are not
                           written.
-        config:           "auto" (wgmma-ws on H100/H200 when built for sm_90a, else by the device's
+        config:           "auto" (on H100/H200 when built for sm_90a wgmma-ws, or wgmma-ws-pipe
+                          from 256 rows (tokens x heads) a request on average; else by the device's
                           shared memory), "wgmma-ws" (sm_90a, warp-specialized: one warpgroup for
                           S with Q in registers, two for P V; M=64, 48-key tiles, 3 stages, 181 KB
-                          shared memory per block), "wgmma" (sm_90a, two warpgroups: M=64, 64-key
+                          shared memory per block), "wgmma-ws-pipe" (the same with QK of the next
+                          tile issued during the softmax of this one, Q's dims 320-575 in shared
+                          memory, 213 KB: faster where the tile loop binds, slower where a call
+                          streams its keys from DRAM), "wgmma" (sm_90a, two warpgroups: M=64, 64-key
                           tiles, 226 KB), "large" (mma.sync, M=64, 162 KB: sm_80/sm_90/sm_100),
                           "small" (mma.sync, M=48, 97 KB: sm_120) or "small-m32" (mma.sync, M=32,
                           91 KB: sm_120's shape for calls of few rows). On a part without the
@@ -109,7 +113,7 @@ def verify_attention(
     return out, lse
 
 
-_CONFIGS = {"auto": 0, "large": 1, "small": 2, "wgmma": 3, "wgmma-ws": 4, "small-m32": 5}
+_CONFIGS = {"auto": 0, "large": 1, "small": 2, "wgmma": 3, "wgmma-ws": 4, "small-m32": 5, "wgmma-ws-pipe": 6}
 _CONFIG_NAMES = {v: k for k, v in _CONFIGS.items()}
 
 

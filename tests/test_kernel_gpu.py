@@ -139,8 +139,9 @@ def describe(batch: VerifyBatch) -> str:
     return f"B{batch.batch_size}-P{list(batch.prefix_lens)}-T{list(batch.num_draft)}-H{batch.num_heads}"
 
 
-# Every value of verify_attention's `config`: "auto" and the five tile configs.
-TILE_CONFIGS = ("wgmma-ws", "wgmma", "large", "small", "small-m32")
+# Every value of verify_attention's `config`: "auto" and the six tile configs.
+TILE_CONFIGS = ("wgmma-ws", "wgmma-ws-pipe", "wgmma", "large", "small", "small-m32")
+WGMMA_CONFIGS = ("wgmma-ws", "wgmma-ws-pipe", "wgmma")
 CONFIGS = ("auto", *TILE_CONFIGS)
 
 
@@ -166,12 +167,12 @@ def fits_shared_memory(config: str) -> bool:
 
 def gpu_configs() -> tuple[str, ...]:
     """Every tile config this GPU runs."""
-    configs = TILE_CONFIGS if runs_wgmma() else ("large", "small", "small-m32")
+    configs = TILE_CONFIGS if runs_wgmma() else tuple(c for c in TILE_CONFIGS if c not in WGMMA_CONFIGS)
     return tuple(c for c in configs if fits_shared_memory(c))
 
 
 def _needs_config(config: str) -> None:
-    if config in ("wgmma", "wgmma-ws") and not runs_wgmma():
+    if config in WGMMA_CONFIGS and not runs_wgmma():
         pytest.skip("the wgmma config runs only on compute capability 9.0 (H100/H200)")
     if config != "auto" and not fits_shared_memory(config):
         pytest.skip(f"config {config!r} needs more shared memory per block than this GPU allows")
@@ -200,15 +201,32 @@ def expected_small_shape(rows: int, keys: int, sms: int) -> str:
     return "small-m32" if work(32, 1.2) < work(48, 1.0) + 48 * 60 else "small"
 
 
+def expected_wgmma_loop(rows: int, batch_size: int) -> str:
+    """`auto`'s choice on an H100/H200 (wgmma_ws_pipelined in kernel/csrc/verify_attention_sm90.cuh):
+    the pipelined loop from 256 rows (tokens x heads) a request on average."""
+    return "wgmma-ws-pipe" if rows >= 256 * batch_size else "wgmma-ws"
+
+
 def test_planned_config_names_what_each_call_runs() -> None:
     """kernel.planned_config resolves `config` as the call does: a forced config it can run is
-    itself, one it cannot run raises, and `auto` is wgmma-ws on an H100/H200 or, on a 99 KB part,
-    small-m32 or small by the rule of kernel/csrc/verify_attention.cuh (prefer_small_m32)."""
+    itself, one it cannot run raises, and `auto` is wgmma-ws or wgmma-ws-pipe on an H100/H200 or,
+    on a 99 KB part, small-m32 or small by the rule of kernel/csrc/verify_attention.cuh
+    (prefer_small_m32)."""
     import kernel
 
     device = torch.device("cuda")
-    for prefix, heads in ((1000, 8), (40000, 8), (1000, 2), (1000, 64)):
-        batch = make_batch(random.Random(0), device, [prefix], [16], heads)
+    shapes = (
+        ([1000], [16], 8),  # 128 rows a request: wgmma-ws
+        ([40000], [16], 8),
+        ([1000], [16], 2),
+        ([1000], [16], 16),  # 256: wgmma-ws-pipe
+        ([1000], [16], 64),
+        ([1000, 3000], [16, 16], 8),  # 128 a request on average: wgmma-ws
+        ([1000, 3000], [16, 15], 16),  # 248: wgmma-ws
+        ([1000, 3000], [16, 17], 16),  # 264: wgmma-ws-pipe
+    )
+    for prefixes, drafts, heads in shapes:
+        batch = make_batch(random.Random(0), device, prefixes, drafts, heads)
         args = (batch.q, batch.kv_indices, batch.qo_indptr)
         for config in TILE_CONFIGS:
             if config in gpu_configs():
@@ -217,9 +235,9 @@ def test_planned_config_names_what_each_call_runs() -> None:
                 with pytest.raises(RuntimeError, match="cannot run"):
                     kernel.planned_config(*args, config)
         auto = kernel.planned_config(*args)
-        rows = 16 * heads
+        rows = sum(drafts) * heads
         if runs_wgmma():
-            assert auto == "wgmma-ws"
+            assert auto == expected_wgmma_loop(rows, len(prefixes)), (prefixes, drafts, heads)
         elif fits_shared_memory("large"):
             assert auto == "large"
         else:
@@ -227,15 +245,23 @@ def test_planned_config_names_what_each_call_runs() -> None:
                 batch.kv_indices.numel(),
                 torch.cuda.get_device_properties(device).multi_processor_count,
             )
-            assert auto == expected_small_shape(rows, keys, sms), (prefix, heads, sms)
+            assert auto == expected_small_shape(rows, keys, sms), (prefixes, drafts, heads, sms)
 
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_fuzz_against_oracle(config: str) -> None:
-    """160 random batches per config; 'auto' is wgmma-ws on an H100/H200 and mma.sync elsewhere,
-    'small' and 'small-m32' are the sm_120 tile configs run here."""
+    """160 random batches per config; 'auto' is wgmma-ws or wgmma-ws-pipe on an H100/H200 and
+    mma.sync elsewhere, 'small' and 'small-m32' are the sm_120 tile configs run here."""
     _needs_config(config)
-    seeds = {"auto": 1234, "wgmma-ws": 2468, "wgmma": 5678, "large": 8765, "small": 4321, "small-m32": 3579}
+    seeds = {
+        "auto": 1234,
+        "wgmma-ws": 2468,
+        "wgmma-ws-pipe": 9753,
+        "wgmma": 5678,
+        "large": 8765,
+        "small": 4321,
+        "small-m32": 3579,
+    }
     rng = random.Random(seeds[config])
     device = torch.device("cuda")
     for i in range(160):

@@ -19,19 +19,35 @@ CONFIGS = {
     "wgmma": {"rows_per_cta": 64, "block_n": 64, "stages": 2, "threads": 256, "dynamic_smem_bytes": 230912},
     "wgmma-ws": {
         "rows_per_cta": 64,
-        "block_n": 32,
-        "stages": 5,
+        "block_n": 48,
+        "stages": 3,
         "threads": 384,
-        "dynamic_smem_bytes": 203520,
+        "dynamic_smem_bytes": 185344,
     },
+    "wgmma-ws-pipe": {
+        "rows_per_cta": 64,
+        "block_n": 48,
+        "stages": 3,
+        "threads": 384,
+        "dynamic_smem_bytes": 218112,
+    },
+}
+# Each config's main kernel as ptxas names it (the template arguments as nvcc mangles them).
+MANGLED = {
+    "large": ("verify_attention_kernel", "6ConfigILi4ELi32ELi2EEE"),
+    "small": ("verify_attention_kernel", "6ConfigILi3ELi32ELi2ELi1ELi4EEE"),
+    "small-m32": ("verify_attention_kernel", "6ConfigILi2ELi32ELi2ELi1ELi4EEE"),
+    "wgmma": ("verify_attention_wgmma_kernel", "11ConfigWgmmaEE"),
+    "wgmma-ws": ("verify_attention_wgmma_ws_kernel", "14ConfigWgmmaWsTILi48ELi3ELb0EEEE"),
+    "wgmma-ws-pipe": ("verify_attention_wgmma_ws_kernel", "14ConfigWgmmaWsTILi48ELi3ELb1EEEE"),
 }
 
 
 def report(regs: int = 168, spill: int = 0, stack: int = 0, static_smem: int = 0) -> str:
     lines = []
     for arch in ARCHS:
-        for name, tag in MAIN_KERNEL.values():
-            fn = f"_ZN2va{len(name)}{name}INS_6{tag}EEEvNS_6ParamsE"
+        for name, args in MANGLED.values():
+            fn = f"_ZN2va{len(name)}{name}INS_{args}EvNS_6ParamsE"
             lines += [
                 f"ptxas info    : Compiling entry function '{fn}' for '{arch}'",
                 f"ptxas info    : Function properties for {fn}",
@@ -43,9 +59,17 @@ def report(regs: int = 168, spill: int = 0, stack: int = 0, static_smem: int = 0
 
 
 def test_a_clean_report_passes() -> None:
+    assert set(MANGLED) == set(MAIN_KERNEL)
     kernels = parse_ptxas(report())
     assert len(kernels) == len(ARCHS) * len(MAIN_KERNEL)
     assert check(kernels, CONFIGS) == []
+
+
+def test_each_config_finds_its_own_kernel() -> None:
+    """The two wgmma-ws configs differ only in a bool template argument: each must match its own
+    kernel, so that a spill in one is charged to it and a missing one is reported."""
+    kernels = [k for k in parse_ptxas(report()) if not ("Lb1E" in k.function and k.arch == "sm_90a")]
+    assert check(kernels, CONFIGS) == ["sm_90a: no main kernel found for config 'wgmma-ws-pipe' in the ptxas report"]
 
 
 def test_spills_fail() -> None:
@@ -73,10 +97,22 @@ def test_shared_memory_of_the_per_call_shape_is_checked_too() -> None:
 
 
 def test_registers_beyond_the_register_file_fail() -> None:
-    # 384 threads (wgmma-ws) x 168 registers fit the 64K register file; x 176 do not
+    # 384 threads (the wgmma-ws configs) x 168 registers fit the 64K register file; x 176 do not
     assert check(parse_ptxas(report(regs=168)), CONFIGS) == []
     problems = check(parse_ptxas(report(regs=176)), CONFIGS)
-    assert problems and all("'wgmma-ws' needs 176 x 384 registers" in p for p in problems)
+    assert problems == [
+        "sm_90a: config 'wgmma-ws' needs 176 x 384 registers (limit 65536)",
+        "sm_90a: config 'wgmma-ws-pipe' needs 176 x 384 registers (limit 65536)",
+    ]
+
+
+def test_shared_memory_of_the_pipelined_config_is_checked_on_sm90a() -> None:
+    """wgmma-ws-pipe, which `auto` takes per call on sm_90a, must fit its 227 KB like wgmma-ws."""
+    configs = {**CONFIGS, "wgmma-ws-pipe": {**CONFIGS["wgmma-ws-pipe"], "dynamic_smem_bytes": 228 * 1024}}
+    assert check(parse_ptxas(report()), configs) == [
+        f"sm_90a: config 'wgmma-ws-pipe' (chosen there at run time) needs {228 * 1024} B shared memory "
+        f"(limit {227 * 1024})"
+    ]
 
 
 def test_a_missing_kernel_is_reported() -> None:
@@ -84,13 +120,13 @@ def test_a_missing_kernel_is_reported() -> None:
 
 
 def test_define_takes_the_kernels_build_switches_only() -> None:
-    assert define_flags(["VA_WS_PIPE_QK=1", "VA_WS_BLOCK_N=32"]) == [
-        "-DVA_WS_PIPE_QK=1",
+    assert define_flags(["VA_Q_NARROW_LOADS", "VA_WS_BLOCK_N=32"]) == [
+        "-DVA_Q_NARROW_LOADS",
         "-DVA_WS_BLOCK_N=32",
     ]
     assert define_flags([]) == []
     with pytest.raises(ValueError, match="--define: expected a build switch"):
-        define_flags(["-DVA_WS_PIPE_QK=1"])
+        define_flags(["-DVA_WS_BLOCK_N=32"])
     with pytest.raises(ValueError, match="'VA_WS_NO_SUCH' is not a build switch"):
         define_flags(["VA_WS_NO_SUCH=1"])
     with pytest.raises(ValueError, match="'VA_HAVE_SM90A' is not a build switch"):

@@ -94,7 +94,7 @@ void validate_data(const at::Tensor& q, const at::Tensor& kv_indices, const at::
 }
 
 // Config ids (va::ConfigId) by name, as kernel/__init__.py spells them.
-constexpr const char* kConfigNames[] = {"auto", "large", "small", "wgmma", "wgmma-ws", "small-m32"};
+constexpr const char* kConfigNames[] = {"auto", "large", "small", "wgmma", "wgmma-ws", "small-m32", "wgmma-ws-pipe"};
 constexpr int64_t kNumConfigs = sizeof(kConfigNames) / sizeof(kConfigNames[0]);
 
 void check_config(int64_t config) {

@@ -26,7 +26,8 @@ int main(int argc, char** argv) {
   print<va::ConfigSmall>("small", false);
   print<va::ConfigSmallM32>("small-m32", false);
   print<va::ConfigWgmma>("wgmma", false);
-  print<va::ConfigWgmmaWs>("wgmma-ws", true);
+  print<va::ConfigWgmmaWs>("wgmma-ws", false);
+  print<va::ConfigWgmmaWsPipe>("wgmma-ws-pipe", true);
   std::printf("}\n");
   return 0;
 }

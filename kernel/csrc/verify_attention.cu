@@ -118,7 +118,8 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
   lc.numAttrs = plan.dependent_combine ? 1 : 0;
   // Few rows means many splits per row (the plan fills the GPU): 4 groups read a row's splits
   // in parallel. Many rows (few splits each) already fill the GPU with one group per row.
-  constexpr bool kHalf = std::is_same<Cfg, ConfigWgmmaWs>::value;  // its partials are fp16 (half_partials)
+  // the wgmma-ws kernels' partials are fp16 (half_partials)
+  constexpr bool kHalf = std::is_same<Cfg, ConfigWgmmaWs>::value || std::is_same<Cfg, ConfigWgmmaWsPipe>::value;
 #ifndef VA_COMBINE_TWO_PASS
   if constexpr (kHalf) {
     // Few rows: one block a row with every split's partial in flight at once (combine_wide_kernel);
@@ -152,6 +153,9 @@ bool with_config(int config, F&& f) {
     case kConfigSmallM32: f(ConfigTag<ConfigSmallM32>{}, verify_attention_kernel<ConfigSmallM32>); return true;
     case kConfigWgmma: f(ConfigTag<ConfigWgmma>{}, verify_attention_wgmma_kernel<ConfigWgmma>); return true;
     case kConfigWgmmaWs: f(ConfigTag<ConfigWgmmaWs>{}, verify_attention_wgmma_ws_kernel<ConfigWgmmaWs>); return true;
+    case kConfigWgmmaWsPipe:
+      f(ConfigTag<ConfigWgmmaWsPipe>{}, verify_attention_wgmma_ws_kernel<ConfigWgmmaWsPipe>);
+      return true;
     default: return false;
   }
 }
@@ -180,13 +184,17 @@ cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int 
   // wgmma needs an sm_90a build running on a compute capability 9.0 device.
   const bool wgmma_ok = wgmma_built() && major == 9 && minor == 0;
   if (config == kConfigAuto) {
-    config = wgmma_ok && smem_optin >= ConfigWgmmaWs::kSmemBytes ? kConfigWgmmaWs
+    config = wgmma_ok && smem_optin >= ConfigWgmmaWsPipe::kSmemBytes &&
+                     wgmma_ws_pipelined(static_cast<long long>(num_tokens) * num_heads, batch)
+                 ? kConfigWgmmaWsPipe
+             : wgmma_ok && smem_optin >= ConfigWgmmaWs::kSmemBytes ? kConfigWgmmaWs
              : smem_optin >= ConfigLarge::kSmemBytes               ? kConfigLarge
              : prefer_small_m32(static_cast<long long>(num_tokens) * num_heads, num_kv_indices, sms)
                  ? kConfigSmallM32
                  : kConfigSmall;
   }
-  if ((config == kConfigWgmma || config == kConfigWgmmaWs) && !wgmma_ok) return cudaErrorNotSupported;
+  if ((config == kConfigWgmma || config == kConfigWgmmaWs || config == kConfigWgmmaWsPipe) && !wgmma_ok)
+    return cudaErrorNotSupported;
   // One CTA per SM fits (shared memory bound), so about one wave of work items.
   if (max_partials <= 0) max_partials = sms;
   if (!with_config(config, [&](auto cfg, MainKernel) {
@@ -211,7 +219,8 @@ const char* build_info() {
 #define VA_STR2(x) #x
 #define VA_STR(x) VA_STR2(x)
   return "wgmma-ws (sm_90a): M=64 BN=" VA_STR(VA_WS_BLOCK_N) " stages=" VA_STR(VA_WS_STAGES)
-         " (3 warpgroups: S + 2 x PV), KV gathers L2 evict_first; wgmma (sm_90a): M=64 BN=64 stages=2 "
+         " (3 warpgroups: S + 2 x PV; wgmma-ws-pipe from 256 rows a request: QK of the next tile"
+         " during the softmax), KV gathers L2 evict_first; wgmma (sm_90a): M=64 BN=64 stages=2 "
          "(2 warpgroups)"
 #ifndef VA_HAVE_SM90A
          " [not in this build]"

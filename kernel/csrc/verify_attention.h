@@ -34,6 +34,7 @@ enum ConfigId {
   kConfigWgmma = 3,
   kConfigWgmmaWs = 4,
   kConfigSmallM32 = 5,
+  kConfigWgmmaWsPipe = 6,
 };
 
 // Everything the launch needs that depends only on shapes and the device (never on data), so
@@ -53,8 +54,9 @@ struct Plan {
 
 // Returns cudaErrorInvalidValue when the device cannot hold the requested configuration (plan->config
 // and plan->smem_bytes then name the config, kConfigAuto resolved, and what it needs) or the id names
-// no config, and cudaErrorNotSupported for kConfigWgmma / kConfigWgmmaWs without an sm_90a build or on a device
-// other than cc 9.0. kConfigAuto picks wgmma-ws where it can run, else large where it fits, else
+// no config, and cudaErrorNotSupported for the wgmma configs without an sm_90a build or on a device
+// other than cc 9.0. kConfigAuto picks wgmma-ws where it can run (wgmma-ws-pipe from 256 rows a
+// request: wgmma_ws_pipelined in verify_attention_sm90.cuh), else large where it fits, else
 // per call small-m32 or small (prefer_small_m32 in verify_attention.cuh: rows, KV indices and the
 // SM count). num_kv_indices: K, the call's KV index count.
 cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int num_kv_indices, int config,

@@ -464,10 +464,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 //   kBarPVDone    both halves of PV done with P (WG1/WG2 -> WG0, before it overwrites P)
 //   kBarS         WG0's own 128 threads: Q's rows in shared memory landed (once)
 //   kBarEpilogue  WG1 + WG2: the split partial's staging (store_partial_half)
-// With VA_WS_PIPE_QK=1 (v52, a build switch) WG0 holds only Q's latent dims 0-319 in registers
-// (dims 320-575 in shared memory, VA_WS_Q_SMEM_CHUNKS), which frees the registers of a second S
-// accumulator set, and issues QK of tile i + 1 into it in parts between the steps of tile i's
-// softmax. P and the rescale factors then get two buffers (by tile parity), and every hand-off
+// Config "wgmma-ws-pipe" (kPipeQK, v52's loop): WG0 holds only Q's latent dims 0-319 in
+// registers (dims 320-575 in shared memory), which frees the registers of a second S accumulator
+// set, and issues QK of tile i + 1 into it in parts between the steps of tile i's softmax. P and the rescale factors then get two buffers (by tile parity), and every hand-off
 // between the roles is an mbarrier: bar_full[s] (each of the 256 gathering threads arrives through
 // cp.async.mbarrier.arrive once its copies of the tile complete), bar_p_ready[b] and
 // bar_pv_done[b] (per P buffer), so that no side can run a phase ahead of a barrier.
@@ -478,7 +477,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 // each role takes its accumulator rows from %tid.x, and the gather addresses its chunks at
 // constant offsets.
 // ---------------------------------------------------------------------------------------------
-template <int kBlockN_, int kStages_, int kQSmemLatent_ = 0, int kPBufs_ = 1>
+template <int kBlockN_, int kStages_, bool kPipeQK_>
 struct ConfigWgmmaWsT {
   static constexpr int kM = 64;
   static constexpr int kBlockN = kBlockN_;                    // keys per KV tile: 32 or 48
@@ -487,7 +486,8 @@ struct ConfigWgmmaWsT {
   static constexpr int kThreads = 384;
   // Q's last kQSmemLatent latent 64-dim chunks sit in shared memory beside its RoPE chunk (SS
   // k-steps), the others in registers (RS k-steps).
-  static constexpr int kQSmemLatent = kQSmemLatent_;
+  static constexpr bool kPipeQK = kPipeQK_;                   // v52's loop (above), else v41's
+  static constexpr int kQSmemLatent = kPipeQK ? 3 : 0;
   static constexpr int kQRegSteps = 32 - 4 * kQSmemLatent;   // k-steps of Q held in registers
   static constexpr int kChunkBytes = kBlockN * 128;           // kBlockN rows x 64 dims (128 B): whole swizzle atoms
   static constexpr int kChunks = kQKDim / 64;
@@ -495,7 +495,7 @@ struct ConfigWgmmaWsT {
   static constexpr int kKVOff = 0;
   static constexpr int kQSmemOff = kStages * kTileBytes;      // Q's chunks 8 - kQSmemLatent .. 8: 64 rows x 128 B each, swizzled
   static constexpr int kPOff = kQSmemOff + (kQSmemLatent + 1) * 64 * 128;  // P: 64 rows x 64 keys (kBlockN used), swizzled
-  static constexpr int kPBufs = kPBufs_;                      // P buffers (and rescale factors), used in turn
+  static constexpr int kPBufs = kPipeQK ? 2 : 1;              // P buffers (and rescale factors), used in turn
   static constexpr int kAlphaOff = kPOff + kPBufs * 64 * 128; // [kPBufs][64] rescale factor per row
   static constexpr int kStatOff = kAlphaOff + kPBufs * 64 * 4; // [2][64] final row max, row sum
   static constexpr int kSumOff = kStatOff + 2 * 64 * 4;       // [128 threads][2] running partial row sums
@@ -517,18 +517,24 @@ struct ConfigWgmmaWsT {
 #else
 #define VA_WS_STAGES 3
 #endif
-// VA_WS_PIPE_QK=1: WG0 issues QK of tile i + 1 in parts between the steps of tile i's softmax, into
-// a second accumulator set, with VA_WS_Q_SMEM_CHUNKS of Q's latent chunks in shared memory to free
-// the registers, P double-buffered and the tiles announced by their own gathers (kernel/NOTES.md,
-// v47-v52: 3.7-5.5 % faster where the loop binds in one process, not yet shown not to lose on the
-// few-row-tile calls). The default, 0, is v41's loop: QK, then the softmax.
-#ifndef VA_WS_PIPE_QK
-#define VA_WS_PIPE_QK 0
-#endif
-#ifndef VA_WS_Q_SMEM_CHUNKS
-#define VA_WS_Q_SMEM_CHUNKS (VA_WS_PIPE_QK ? 3 : 0)
-#endif
-using ConfigWgmmaWs = ConfigWgmmaWsT<VA_WS_BLOCK_N, VA_WS_STAGES, VA_WS_Q_SMEM_CHUNKS, VA_WS_PIPE_QK ? 2 : 1>;
+// Two loops, one config each; `auto` picks per call by the rows a request's keys are multiplied
+// by (wgmma_ws_pipelined below):
+//   wgmma-ws       v41's loop: QK of a tile, then its softmax, Q's latent dims all in registers;
+//   wgmma-ws-pipe  v52's loop: QK of tile i + 1 issued in parts between the steps of tile i's
+//                  softmax, Q's chunks 5-7 in shared memory, P double-buffered, the tiles
+//                  announced by their own gathers (kernel/NOTES.md, v47-v54).
+using ConfigWgmmaWs = ConfigWgmmaWsT<VA_WS_BLOCK_N, VA_WS_STAGES, false>;
+// (With 32-key tiles its Q and second P buffer leave room for 4 stages, not 5.)
+using ConfigWgmmaWsPipe = ConfigWgmmaWsT<VA_WS_BLOCK_N, VA_WS_BLOCK_N == 32 ? 4 : VA_WS_STAGES, true>;
+// Where the pipelined loop pays: with one or two row tiles per request (<= 128 rows), a call
+// streams its keys from DRAM and the tile's chain from arrival to refill sets the pace; there the
+// pipelined loop's QK (12 of its 36 k-steps from shared memory) lengthens the chain and v41's loop
+// is 6-8 % faster at one row tile, within +-3 % at two. From four row tiles up the tile loop binds
+// and the pipelined loop is 1-3.5 % faster (kernel/NOTES.md, v53-v54).
+constexpr int kPipeMinRowsPerRequest = 256;
+inline bool wgmma_ws_pipelined(long long rows, int batch) {
+  return batch > 0 && rows >= static_cast<long long>(kPipeMinRowsPerRequest) * batch;
+}
 
 __device__ __forceinline__ void named_bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
@@ -560,35 +566,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
-}
-// Non-blocking: whether the phase of the given parity has completed (acquire when it has).
-__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-// A named barrier over `count` threads that returns the AND of their predicates to all of them.
-__device__ __forceinline__ bool named_bar_and(int id, int count, bool pred) {
-  uint32_t all;
-  asm volatile(
-      "{\n"
-      ".reg .pred p, q;\n"
-      "setp.ne.u32 p, %1, 0;\n"
-      "bar.red.and.pred q, %2, %3, p;\n"
-      "selp.u32 %0, 1, 0, q;\n"
-      "}\n"
-      : "=r"(all)
-      : "r"(static_cast<uint32_t>(pred)), "r"(id), "r"(count)
-      : "memory");
-  return all != 0;
 }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
@@ -800,24 +777,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   constexpr int kPBufs = Cfg::kPBufs;
   __shared__ __align__(8) uint64_t s_bar_p_ready[kPBufs];  // one per P buffer
   const uint32_t bar_p_ready = smem_addr(s_bar_p_ready);
-#if VA_WS_PIPE_QK
-  // PV of a tile done with its P buffer (WG1/WG2 -> WG0): mbarriers, one per buffer, since the PV
-  // warpgroups may finish a tile while WG0 has not yet waited for the one before; and a stage's
-  // tile landed, completed by the gathering threads' own cp.async (WG1/WG2 -> WG0).
-  __shared__ __align__(8) uint64_t s_bar_pv_done[kPBufs];
-  __shared__ __align__(8) uint64_t s_bar_full[kStages];
+  // kPipeQK: PV of a tile done with its P buffer (WG1/WG2 -> WG0): mbarriers, one per buffer,
+  // since the PV warpgroups may finish a tile while WG0 has not yet waited for the one before;
+  // and a stage's tile landed, completed by the gathering threads' own cp.async (WG1/WG2 -> WG0).
+  constexpr bool kPipe = Cfg::kPipeQK;
+  __shared__ __align__(8) uint64_t s_bar_pv_done[kPipe ? kPBufs : 1];
+  __shared__ __align__(8) uint64_t s_bar_full[kPipe ? kStages : 1];
   const uint32_t bar_pv_done = smem_addr(s_bar_pv_done), bar_full = smem_addr(s_bar_full);
-#endif
   if (tid == 0) {
     s_item = decode_item<kM>(p, s_plan, item);
 #pragma unroll
     for (int b = 0; b < kPBufs; ++b) mbar_init(bar_p_ready + 8 * b, 32);  // the 32 WG0 threads that write rescale factors, once per tile
-#if VA_WS_PIPE_QK
+    if constexpr (kPipe) {
 #pragma unroll
-    for (int b = 0; b < kPBufs; ++b) mbar_init(bar_pv_done + 8 * b, 256);  // WG1 + WG2's threads, once per tile
+      for (int b = 0; b < kPBufs; ++b) mbar_init(bar_pv_done + 8 * b, 256);  // WG1 + WG2's threads, once per tile
 #pragma unroll
-    for (int st = 0; st < kStages; ++st) mbar_init(bar_full + 8 * st, 256);  // WG1 + WG2's threads, per tile
-#endif
+      for (int st = 0; st < kStages; ++st) mbar_init(bar_full + 8 * st, 256);  // WG1 + WG2's threads, per tile
+    }
     if (item == 0) __threadfence();  // plan_block's entries (written before its barrier), then:
   }
   __syncthreads();
@@ -869,12 +845,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     auto softmax_handoff_with = [&](const float (&s)[kNT][4], int tile, bool masked, uint64_t vis_lo,
                                     uint64_t vis_hi, float (&nxt)[kNT][4], int next) {
       auto issue_part = [&](int part) {
-#if VA_WS_PIPE_QK
-        constexpr int kParts = kNT + 1, kSteps = 36, kPer = (kSteps + kParts - 1) / kParts;
-        if (next >= 0)
-          qk_tile_rs_issue_steps<kNT, Cfg::kChunkBytes>(nxt, qa, sQs, sKV + (next % kStages) * Cfg::kTileBytes,
-                                                        part * kPer, min(kPer, kSteps - part * kPer));
-#endif
+        if constexpr (kPipe) {
+          constexpr int kParts = kNT + 1, kSteps = 36, kPer = (kSteps + kParts - 1) / kParts;
+          if (next >= 0)
+            qk_tile_rs_issue_steps<kNT, Cfg::kChunkBytes>(nxt, qa, sQs, sKV + (next % kStages) * Cfg::kTileBytes,
+                                                          part * kPer, min(kPer, kSteps - part * kPer));
+        }
       };
       issue_part(0);
       auto score = [&](int j, int e) {
@@ -959,107 +935,80 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     };
     auto softmax_handoff = [&](float (&s)[kNT][4], int tile, float (&nxt)[kNT][4], int next) {
       uint64_t vis_lo, vis_hi;
-#if VA_WS_PIPE_QK
-      if (tile >= first_masked) {  // tile_needs_mask(w, w.kv_begin + tile * kBN, kBN), without loading w
-        visibility(tile, vis_lo, vis_hi);
-        softmax_handoff_with(s, tile, true, vis_lo, vis_hi, nxt, next);
+      if constexpr (kPipe) {
+        if (tile >= first_masked) {  // tile_needs_mask(w, w.kv_begin + tile * kBN, kBN), without loading w
+          visibility(tile, vis_lo, vis_hi);
+          softmax_handoff_with(s, tile, true, vis_lo, vis_hi, nxt, next);
+        } else {
+          softmax_handoff_with(s, tile, false, 0, 0, nxt, next);
+        }
       } else {
+        // No wgmma is in flight here: the masked keys' scores are set to -inf in place.
+        if (tile >= first_masked) {  // tile_needs_mask(w, w.kv_begin + tile * kBN, kBN), without loading w
+          visibility(tile, vis_lo, vis_hi);
+#pragma unroll
+          for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (!(((e & 2) ? vis_hi : vis_lo) >> (8 * j + (e & 1)) & 1ull)) s[j][e] = -INFINITY;
+        }
         softmax_handoff_with(s, tile, false, 0, 0, nxt, next);
       }
-#else
-      // No wgmma is in flight here: the masked keys' scores are set to -inf in place.
-      if (tile >= first_masked) {  // tile_needs_mask(w, w.kv_begin + tile * kBN, kBN), without loading w
-        visibility(tile, vis_lo, vis_hi);
-#pragma unroll
-        for (int j = 0; j < kNT; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (!(((e & 2) ? vis_hi : vis_lo) >> (8 * j + (e & 1)) & 1ull)) s[j][e] = -INFINITY;
-      }
-      softmax_handoff_with(s, tile, false, 0, 0, nxt, next);
-#endif
     };
     auto qk_landed = [&](int tile) {
-#if VA_WS_PIPE_QK
-      mbar_wait(bar_full + 8 * (tile % kStages), (tile / kStages) & 1);  // tile landed
-      fence_proxy_async();  // the gathers' cp.async writes, before this warpgroup's wgmma reads them
-#endif
+      if constexpr (kPipe) {
+        mbar_wait(bar_full + 8 * (tile % kStages), (tile / kStages) & 1);  // tile landed
+        fence_proxy_async();  // the gathers' cp.async writes, before this warpgroup's wgmma reads them
+      } else {
+        named_bar_sync(kBarFull + tile % kStages, kThreads);  // tile landed
+      }
     };
     auto qk_issue = [&](float (&s)[kNT][4], int tile) {
-#if VA_WS_PIPE_QK
       qk_landed(tile);
-#else
-      named_bar_sync(kBarFull + tile % kStages, kThreads);  // tile landed
-#endif
       qk_tile_rs_issue<kNT, Cfg::kChunkBytes>(s, qa, sQs, sKV + (tile % kStages) * Cfg::kTileBytes);
     };
-#if VA_WS_PIPE_QK
-    // QK of tile i + 1 goes out during the softmax of tile i, into the other accumulator set, so
-    // the tensor cores run it while WG0 computes and hands over P of tile i; P goes to the buffer
-    // of its tile's parity, which PV of tile i - 2 must be done with. Unrolled by two: the sets
-    // trade roles without register moves. The waits come before the softmax that issues QK: a
-    // thread's spin on an mbarrier with wgmma in flight makes ptxas serialize the wgmma (a
-    // compiler-inserted wait in a divergent path).
-    auto pv_done_wait = [&](int tile) {
-      if (tile >= 2) mbar_wait(bar_pv_done + 8 * (tile % 2), (tile / 2 - 1) & 1);
-    };
-    // The tile whose QK goes out during the softmax of `tile`: tile + 1, once it has landed, or -1.
-    // VA_WS_PIPE_QK=2 (v53) does not wait for it: where it has not landed yet (the gather's lead
-    // short of DRAM's latency), P of `tile` goes first and QK of tile + 1 after the hand-off
-    // (late_qk). WG0's four warps must agree (wgmma is warpgroup-wide): the AND of their tests.
-    auto next_early = [&](int tile) -> int {
-      if (tile + 1 >= num_tiles) return -1;
-#if VA_WS_PIPE_QK == 2
-      const int t = tile + 1;
-      if (!named_bar_and(kBarS, 128, mbar_test(bar_full + 8 * (t % kStages), (t / kStages) & 1))) return -1;
-#endif
-      qk_landed(tile + 1);
-      return tile + 1;
-    };
-    // After the softmax's wgmma_wait: no wgmma is in flight, so the landed wait cannot serialize one.
-    auto late_qk = [&](float (&s)[kNT][4], int tile, int early) {
-#if VA_WS_PIPE_QK == 2
-      if (early < 0) {
-        qk_issue(s, tile + 1);
-        wgmma_wait<0>();
-        fence_regs(s);
-      }
-#endif
-    };
-    float sa[kNT][4], sb[kNT][4];
-    qk_issue(sa, 0);
-    wgmma_wait<0>();
-    fence_regs(sa);
-    for (int tile = 0; tile < num_tiles; tile += 2) {
-      pv_done_wait(tile);
-      const int next_a = next_early(tile);
-      softmax_handoff(sa, tile, sb, next_a);
-      if (tile + 1 >= num_tiles) break;
-      wgmma_wait<0>();
-      fence_regs(sb);
-      late_qk(sb, tile, next_a);
-      pv_done_wait(tile + 1);
-      const int next_b = next_early(tile + 1);
-      softmax_handoff(sb, tile + 1, sa, next_b);
-      if (tile + 2 >= num_tiles) break;
+    if constexpr (kPipe) {
+      // QK of tile i + 1 goes out during the softmax of tile i, into the other accumulator set, so
+      // the tensor cores run it while WG0 computes and hands over P of tile i; P goes to the buffer
+      // of its tile's parity, which PV of tile i - 2 must be done with. Unrolled by two: the sets
+      // trade roles without register moves. The waits come before the softmax that issues QK: a
+      // thread's spin on an mbarrier with wgmma in flight makes ptxas serialize the wgmma (a
+      // compiler-inserted wait in a divergent path).
+      auto pv_done_wait = [&](int tile) {
+        if (tile >= 2) mbar_wait(bar_pv_done + 8 * (tile % 2), (tile / 2 - 1) & 1);
+      };
+      float sa[kNT][4], sb[kNT][4];
+      qk_issue(sa, 0);
       wgmma_wait<0>();
       fence_regs(sa);
-      late_qk(sa, tile + 1, next_b);
+      for (int tile = 0; tile < num_tiles; tile += 2) {
+        pv_done_wait(tile);
+        if (tile + 1 < num_tiles) qk_landed(tile + 1);
+        softmax_handoff(sa, tile, sb, tile + 1 < num_tiles ? tile + 1 : -1);
+        if (tile + 1 >= num_tiles) break;
+        wgmma_wait<0>();
+        fence_regs(sb);
+        pv_done_wait(tile + 1);
+        if (tile + 2 < num_tiles) qk_landed(tile + 2);
+        softmax_handoff(sb, tile + 1, sa, tile + 2 < num_tiles ? tile + 2 : -1);
+        if (tile + 2 >= num_tiles) break;
+        wgmma_wait<0>();
+        fence_regs(sa);
+      }
+      wgmma_wait<0>();  // nothing is in flight here; said so, or ptxas adds a wait of its own
+    } else {
+      for (int tile = 0; tile < num_tiles; ++tile) {
+        float s[kNT][4];
+        qk_issue(s, tile);
+        // The previous tile's PV done with P (this tile's P overwrites it): waited for while QK runs,
+        // off WG0's chain (kernel/NOTES.md, v13).
+        if (tile > 0) named_bar_sync(kBarPVDone, kThreads);
+        wgmma_wait<0>();
+        fence_regs(s);
+        softmax_handoff(s, tile, s, -1);
+      }
+      named_bar_sync(kBarPVDone, kThreads);  // the last tile's PV (num_tiles >= 1: a split has keys)
     }
-    wgmma_wait<0>();  // nothing is in flight here; said so, or ptxas adds a wait of its own
-#else
-    for (int tile = 0; tile < num_tiles; ++tile) {
-      float s[kNT][4];
-      qk_issue(s, tile);
-      // The previous tile's PV done with P (this tile's P overwrites it): waited for while QK runs,
-      // off WG0's chain (kernel/NOTES.md, v13).
-      if (tile > 0) named_bar_sync(kBarPVDone, kThreads);
-      wgmma_wait<0>();
-      fence_regs(s);
-      softmax_handoff(s, tile, s, -1);
-    }
-    named_bar_sync(kBarPVDone, kThreads);  // the last tile's PV (num_tiles >= 1: a split has keys)
-#endif
   } else {
     // ================= WG1 / WG2: gather, O += P V =================
     setmaxnreg_dec<Cfg::kRegsPV>();
@@ -1098,47 +1047,46 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     // Tile 0 alone first: at the start every SM's L2 -> SM bandwidth is what limits, so tile 0
     // (and WG0's Q) land before tiles 1.. are asked for.
     load_tile(fetch_slots(0), 0);  // num_tiles >= 1
-#if VA_WS_PIPE_QK
-    cp_async_mbar_arrive(bar_full);
-#else
-    cp_async_commit();
-#endif
+    if constexpr (kPipe)
+      cp_async_mbar_arrive(bar_full);
+    else
+      cp_async_commit();
     float o[32][4];
 #pragma unroll
     for (int j = 0; j < 32; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-#if VA_WS_PIPE_QK
-    mbar_wait(bar_full, 0);
+    if constexpr (kPipe) {
+      mbar_wait(bar_full, 0);
 #pragma unroll 1
-    for (int t = 1; t < kStages && t < num_tiles; ++t) {
-      load_tile(fetch_slots(t), t);
-      cp_async_mbar_arrive(bar_full + 8 * t);
-    }
-#else
-    cp_async_wait<0>();
-    fence_proxy_async();
-    named_bar_arrive(kBarFull + 0, kThreads);
+      for (int t = 1; t < kStages && t < num_tiles; ++t) {
+        load_tile(fetch_slots(t), t);
+        cp_async_mbar_arrive(bar_full + 8 * t);
+      }
+    } else {
+      cp_async_wait<0>();
+      fence_proxy_async();
+      named_bar_arrive(kBarFull + 0, kThreads);
 #pragma unroll 1
-    for (int t = 1; t < kStages; ++t) {
-      if (t < num_tiles) load_tile(fetch_slots(t), t);
-      cp_async_commit();
+      for (int t = 1; t < kStages; ++t) {
+        if (t < num_tiles) load_tile(fetch_slots(t), t);
+        cp_async_commit();
+      }
     }
-#endif
     for (int tile = 0; tile < num_tiles; ++tile) {
       const auto next_slots = fetch_slots(tile + kStages);  // consumed under this tile's PV
-#if VA_WS_PIPE_QK
-      // P, rescale factors (and row statistics) of this tile
-      mbar_wait(bar_p_ready + 8 * (tile % kPBufs), (tile / kPBufs) & 1);
-      // V landed before WG0 took the tile (its wait on the stage's barrier, which this wait
-      // follows); the cp.async writes, before this warpgroup's wgmma reads them.
-      fence_proxy_async();
-#else
-      // The next tile (gathered kStages - 1 tiles ago) should have landed; WG0 may start its QK
-      // before it hands over this tile's P.
-      cp_async_wait<kStages - 2>();
-      fence_proxy_async();
-      if (tile + 1 < num_tiles) named_bar_arrive(kBarFull + (tile + 1) % kStages, kThreads);
-      mbar_wait(bar_p_ready, tile & 1);  // P, rescale factors (and row statistics) of this tile
-#endif
+      if constexpr (kPipe) {
+        // P, rescale factors (and row statistics) of this tile
+        mbar_wait(bar_p_ready + 8 * (tile % kPBufs), (tile / kPBufs) & 1);
+        // V landed before WG0 took the tile (its wait on the stage's barrier, which this wait
+        // follows); the cp.async writes, before this warpgroup's wgmma reads them.
+        fence_proxy_async();
+      } else {
+        // The next tile (gathered kStages - 1 tiles ago) should have landed; WG0 may start its QK
+        // before it hands over this tile's P.
+        cp_async_wait<kStages - 2>();
+        fence_proxy_async();
+        if (tile + 1 < num_tiles) named_bar_arrive(kBarFull + (tile + 1) % kStages, kThreads);
+        mbar_wait(bar_p_ready, tile & 1);  // P, rescale factors (and row statistics) of this tile
+      }
       const float alpha_lo = sAlpha[(tile % kPBufs) * 64 + r_lo], alpha_hi = sAlpha[(tile % kPBufs) * 64 + r_lo + 8];
       rescale_o_lazy(o, alpha_lo, alpha_hi);
       const uint32_t sK = sKV + (tile % kStages) * Cfg::kTileBytes;
@@ -1154,19 +1102,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
           wgmma_wait_pending(kRowsPer - 1 - k);
         } else {
           pv_tile_wait(o);
-#if VA_WS_PIPE_QK
-          mbar_arrive(bar_pv_done + 8 * (tile % kPBufs));
-#else
-          named_bar_arrive(kBarPVDone, kThreads);
-#endif
+          if constexpr (kPipe)
+            mbar_arrive(bar_pv_done + 8 * (tile % kPBufs));
+          else
+            named_bar_arrive(kBarPVDone, kThreads);
         }
         if (refill) load_rows(next_slots.v[k], k, tile % kStages);
       }
-#if VA_WS_PIPE_QK
-      if (refill) cp_async_mbar_arrive(bar_full + 8 * (tile % kStages));
-#else
-      cp_async_commit();
-#endif
+      if constexpr (kPipe) {
+        if (refill) cp_async_mbar_arrive(bar_full + 8 * (tile % kStages));
+      } else {
+        cp_async_commit();
+      }
     }
     cp_async_wait<0>();
     // Row statistics: written by WG0 before its last bar_p_ready arrive, which this warpgroup
