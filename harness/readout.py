@@ -13,6 +13,10 @@ for every other token j,
 
 since the error moves ``l_g - l_j`` by at most ``TOL * ||f|| * ||w_g - w_j||``. The ratio of the two
 sides, minimised over j and positions, is the bundle's certified margin (must exceed ``KAPPA``).
+It is computed with correctly rounded sums (``math.fsum``; the products of fp32 features and
+codes are exact in float64), not a BLAS product, so that it is the same float on every CPU: a
+BLAS's kernel, chosen per CPU, sums in its own order, and the stored margin then differed in its
+last bit between machines, which broke the bundles' byte-identical regeneration.
 
 Tree walk (the accepted path): from the root, move to the first child (index order) whose draft
 token equals the current node's target token; stop when none does. The path lists node indices,
@@ -22,6 +26,8 @@ root first.
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import math
 
 import numpy as np
 import torch
@@ -71,15 +77,18 @@ def certified_ratios(out: torch.Tensor, seed: int, tol: float = TOL) -> np.ndarr
     """
     f = _features(out)
     w = readout_matrix(seed, out.shape[1])
-    lg = f @ w.T
-    g = np.argmax(lg, axis=1)
-    f_norm = np.linalg.norm(f, axis=1)
     ratios = np.empty(f.shape[0])
     for i in range(f.shape[0]):
-        others = np.arange(VOCAB) != g[i]
-        gap = lg[i, g[i]] - lg[i, others]
-        w_dist = np.linalg.norm(w[g[i]] - w[others], axis=1)
-        ratios[i] = np.min(gap / (tol * f_norm[i] * w_dist))
+        # Every sum correctly rounded (module docstring): the logits, ||f||^2, and ||w_g - w_j||^2,
+        # whose terms are multiples of 2^-16 that float64 sums exactly in any order.
+        lg = np.array([math.fsum(row) for row in (w * f[i]).tolist()])
+        g = int(np.argmax(lg))
+        f_norm = math.sqrt(math.fsum((f[i] * f[i]).tolist()))
+        others = np.arange(VOCAB) != g
+        gap = lg[g] - lg[others]
+        d = w[g] - w[others]
+        w_dist = np.sqrt((d * d).sum(axis=1))
+        ratios[i] = np.min(gap / (tol * f_norm * w_dist))
     return ratios
 
 
