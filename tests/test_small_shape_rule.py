@@ -1,6 +1,7 @@
-"""`auto`'s per-call choice between `small` (M=48) and `small-m32` on parts that run the mma.sync
-kernels in 99 KB (sm_120): the rule is host code (kernel/csrc/verify_attention.cuh,
-prefer_small_m32), run here through the host program the ptxas check builds (nvcc, no GPU)."""
+"""`auto`'s per-call choices: between `small` (M=48) and `small-m32` on parts that run the mma.sync
+kernels in 99 KB (sm_120), and between the two wgmma-ws loops on an H100/H200. The rules are host
+code (kernel/csrc/verify_attention.cuh, prefer_small_m32; kernel/csrc/verify_attention_sm90.cuh,
+wgmma_ws_pipelined), run here through the host program the ptxas check builds (nvcc, no GPU)."""
 
 from __future__ import annotations
 
@@ -100,3 +101,43 @@ def test_the_gpu_tests_mirror_of_the_rule_agrees_with_it(report_exe: Path) -> No
         keys = rng.choice([rng.randint(1, 5000), rng.randint(1, 300000)])
         sms = rng.choice([132, 170, 188, rng.randint(1, 200)])
         assert choice(report_exe, rows, keys, sms) == expected_small_shape(rows, keys, sms), (rows, keys, sms)
+
+
+def wgmma_choice(exe: Path, rows: int, batch: int) -> str:
+    res = subprocess.run(
+        [str(exe), "wgmma-rule", str(rows), str(batch)], capture_output=True, text=True, check=True
+    )
+    return res.stdout.strip()
+
+
+# (rows = tokens x heads, requests) -> the loop `auto` takes on an H100/H200 (wgmma_ws_pipelined in
+# kernel/csrc/verify_attention_sm90.cuh). The same-GPU A/Bs behind the line (kernel/NOTES.md, v53
+# and v54; reports/20261130T100530-trials-nvidia-h200-fd10f91/ and ...101550-trials-...-de11d27/):
+# v41's loop 6-8 % faster with one row tile a request, neither clearly with two, the pipelined
+# loop 1-3.5 % faster from four.
+WGMMA_CASES = [
+    ((16, 1), "wgmma-ws"),  # P=262k H=16 T=1: 86.5 against 93.1 us
+    ((64, 1), "wgmma-ws"),  # P=262k H=16 T=4: 89.3 against 95.3 us
+    ((128, 1), "wgmma-ws"),  # H=8 T=16: -1.9 to +2.8 %
+    ((255, 1), "wgmma-ws"),
+    ((256, 1), "wgmma-ws-pipe"),  # P=32k/64k H=16 T=16: -2.0 / -2.4 %
+    ((4096, 1), "wgmma-ws-pipe"),
+    ((1020, 4), "wgmma-ws"),  # a batch by its mean: 255 rows a request
+    ((1024, 4), "wgmma-ws-pipe"),
+    ((4096, 16), "wgmma-ws-pipe"),  # B=16 H=16 T=16
+]
+
+
+@pytest.mark.parametrize(("shape", "expected"), WGMMA_CASES)
+def test_auto_takes_the_pipelined_loop_from_256_rows_a_request(
+    report_exe: Path, shape: tuple[int, int], expected: str
+) -> None:
+    assert wgmma_choice(report_exe, *shape) == expected
+
+
+def test_both_wgmma_loops_are_reported_and_fit_sm90(report_exe: Path) -> None:
+    import json
+
+    configs = json.loads(subprocess.run([str(report_exe)], capture_output=True, text=True, check=True).stdout)
+    assert configs["wgmma-ws"]["rows_per_cta"] == configs["wgmma-ws-pipe"]["rows_per_cta"] == 64
+    assert configs["wgmma-ws"]["dynamic_smem_bytes"] < configs["wgmma-ws-pipe"]["dynamic_smem_bytes"] <= 227 * 1024

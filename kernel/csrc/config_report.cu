@@ -2,6 +2,8 @@
 //   config_report                    the configurations
 //   config_report rule ROWS KEYS SMS  the config `auto` takes on a part that runs the mma.sync
 //                                     kernels in 99 KB (sm_120): "small" or "small-m32"
+//   config_report wgmma-rule ROWS B   the config `auto` takes on an H100/H200 for ROWS rows
+//                                     (tokens x heads) in B requests: "wgmma-ws" or "wgmma-ws-pipe"
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +21,11 @@ int main(int argc, char** argv) {
   if (argc == 5 && std::strcmp(argv[1], "rule") == 0) {
     const bool m32 = va::prefer_small_m32(std::atoll(argv[2]), std::atoll(argv[3]), std::atoi(argv[4]));
     std::printf("%s\n", m32 ? "small-m32" : "small");
+    return 0;
+  }
+  if (argc == 4 && std::strcmp(argv[1], "wgmma-rule") == 0) {
+    const bool pipe = va::wgmma_ws_pipelined(std::atoll(argv[2]), std::atoi(argv[3]));
+    std::printf("%s\n", pipe ? "wgmma-ws-pipe" : "wgmma-ws");
     return 0;
   }
   std::printf("{\n");
