@@ -79,7 +79,10 @@ def prepare(batch: VerifyBatch, config: str = "auto") -> RunFn:
 register(
     Implementation(
         name=NAME,
-        description="this project's kernel: mma.sync bf16, split-K over the prefix, shared KV tiles",
+        description=(
+            "this project's kernel: split-K over the prefix, shared KV tiles, bf16 tensor cores "
+            "(wgmma on H100/H200, mma.sync elsewhere; config='auto')"
+        ),
         availability=_availability,
         prepare=prepare,
         device_kind="cuda",

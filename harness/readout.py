@@ -25,9 +25,8 @@ root first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch

@@ -69,7 +69,9 @@ def test_each_config_finds_its_own_kernel() -> None:
     """The two wgmma-ws configs differ only in a bool template argument: each must match its own
     kernel, so that a spill in one is charged to it and a missing one is reported."""
     kernels = [k for k in parse_ptxas(report()) if not ("Lb1E" in k.function and k.arch == "sm_90a")]
-    assert check(kernels, CONFIGS) == ["sm_90a: no main kernel found for config 'wgmma-ws-pipe' in the ptxas report"]
+    assert check(kernels, CONFIGS) == [
+        "sm_90a: no main kernel found for config 'wgmma-ws-pipe' in the ptxas report"
+    ]
 
 
 def test_spills_fail() -> None:

@@ -140,4 +140,8 @@ def test_both_wgmma_loops_are_reported_and_fit_sm90(report_exe: Path) -> None:
 
     configs = json.loads(subprocess.run([str(report_exe)], capture_output=True, text=True, check=True).stdout)
     assert configs["wgmma-ws"]["rows_per_cta"] == configs["wgmma-ws-pipe"]["rows_per_cta"] == 64
-    assert configs["wgmma-ws"]["dynamic_smem_bytes"] < configs["wgmma-ws-pipe"]["dynamic_smem_bytes"] <= 227 * 1024
+    assert (
+        configs["wgmma-ws"]["dynamic_smem_bytes"]
+        < configs["wgmma-ws-pipe"]["dynamic_smem_bytes"]
+        <= 227 * 1024
+    )
