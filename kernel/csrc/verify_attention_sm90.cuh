@@ -477,11 +477,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 // each role takes its accumulator rows from %tid.x, and the gather addresses its chunks at
 // constant offsets.
 // ---------------------------------------------------------------------------------------------
-// Trial switch (kernel/NOTES.md, v55): the pipelined loop with QK two tiles ahead, issued before P's
-// hand-off, and three P buffers.
-#ifndef VA_WS_QK_AHEAD2
-#define VA_WS_QK_AHEAD2 0
-#endif
 template <int kBlockN_, int kStages_, bool kPipeQK_>
 struct ConfigWgmmaWsT {
   static constexpr int kM = 64;
@@ -500,7 +495,7 @@ struct ConfigWgmmaWsT {
   static constexpr int kKVOff = 0;
   static constexpr int kQSmemOff = kStages * kTileBytes;      // Q's chunks 8 - kQSmemLatent .. 8: 64 rows x 128 B each, swizzled
   static constexpr int kPOff = kQSmemOff + (kQSmemLatent + 1) * 64 * 128;  // P: 64 rows x 64 keys (kBlockN used), swizzled
-  static constexpr int kPBufs = kPipeQK ? (VA_WS_QK_AHEAD2 ? 3 : 2) : 1;  // P buffers (and rescale factors), used in turn
+  static constexpr int kPBufs = kPipeQK ? 2 : 1;              // P buffers (and rescale factors), used in turn
   static constexpr int kAlphaOff = kPOff + kPBufs * 64 * 128; // [kPBufs][64] rescale factor per row
   static constexpr int kStatOff = kAlphaOff + kPBufs * 64 * 4; // [2][64] final row max, row sum
   static constexpr int kSumOff = kStatOff + 2 * 64 * 4;       // [128 threads][2] running partial row sums
@@ -847,7 +842,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     // steps (before the row max, then after each n8 tile's exponentials): a wgmma issue stalls
     // until the tensor pipe takes it, so the 36 issued at once would hold WG0 for as long as the
     // pipe is busy with PV (kernel/NOTES.md, v50-v52).
-    auto softmax_handoff_with = [&](float (&s)[kNT][4], int tile, bool masked, uint64_t vis_lo,
+    auto softmax_handoff_with = [&](const float (&s)[kNT][4], int tile, bool masked, uint64_t vis_lo,
                                     uint64_t vis_hi, float (&nxt)[kNT][4], int next) {
       auto issue_part = [&](int part) {
         if constexpr (kPipe) {
@@ -923,24 +918,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         sAlpha[(tile % kPBufs) * 64 + r_lo + 8] = alpha_hi;
       }
       fence_proxy_async();
-#if VA_WS_QK_AHEAD2
-      // Trial (kernel/NOTES.md, v55): QK two tiles ahead, issued here, before P's hand-off, so that
-      // it enters the tensor queue ahead of this tile's PV. S of tile + 1 (nxt) is waited for
-      // first: nothing is in flight at the landed wait, and this set (s) is free once read.
-      if constexpr (kPipe) {
-        wgmma_wait<0>();  // unconditional: ptxas serializes wgmma where a path reads nxt unwaited
-        fence_regs(nxt);
-        // P of tile + 1 goes to the buffer PV of tile + 1 - kPBufs read: done long before.
-        const int t1 = tile + 1;
-        if (t1 < num_tiles && t1 >= kPBufs) mbar_wait(bar_pv_done + 8 * (t1 % kPBufs), (t1 / kPBufs - 1) & 1);
-        if (tile + 2 < num_tiles) {
-          const int t2 = tile + 2;
-          mbar_wait(bar_full + 8 * (t2 % kStages), (t2 / kStages) & 1);
-          fence_proxy_async();
-          qk_tile_rs_issue<kNT, Cfg::kChunkBytes>(s, qa, sQs, sKV + (t2 % kStages) * Cfg::kTileBytes);
-        }
-      }
-#endif
       // The warp's P is complete after __syncwarp; the lanes that wrote rescale factors (and, with
       // the last tile, the row statistics) then arrive: their release covers their own writes and,
       // through the warp barrier, their warp's P (read by wgmma after the wait).
@@ -1004,16 +981,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       qk_issue(sa, 0);
       wgmma_wait<0>();
       fence_regs(sa);
-#if VA_WS_QK_AHEAD2
-      // QK of tile + 1 is in flight at each softmax (issued before the hand-off of tile - 1's P,
-      // inside softmax_handoff_with), and the softmax issues no parts.
-      if (num_tiles > 1) qk_issue(sb, 1);
-      for (int tile = 0; tile < num_tiles; tile += 2) {
-        softmax_handoff(sa, tile, sb, -1);
-        if (tile + 1 >= num_tiles) break;
-        softmax_handoff(sb, tile + 1, sa, -1);
-      }
-#else
       for (int tile = 0; tile < num_tiles; tile += 2) {
         pv_done_wait(tile);
         if (tile + 1 < num_tiles) qk_landed(tile + 1);
@@ -1028,7 +995,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         wgmma_wait<0>();
         fence_regs(sa);
       }
-#endif
       wgmma_wait<0>();  // nothing is in flight here; said so, or ptxas adds a wait of its own
     } else {
       for (int tile = 0; tile < num_tiles; ++tile) {
