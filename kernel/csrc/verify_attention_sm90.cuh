@@ -477,12 +477,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 // each role takes its accumulator rows from %tid.x, and the gather addresses its chunks at
 // constant offsets.
 // ---------------------------------------------------------------------------------------------
-// Trial switch (kernel/NOTES.md, v56): the pipelined loop issues the first VA_WS_EARLY_PARTS of
-// the 7 QK parts of tile i + 2 before P of tile i is handed over (ahead of its PV in the tensor
-// queue), the rest during the softmax of tile i + 1. 0: v52's loop.
-#ifndef VA_WS_EARLY_PARTS
-#define VA_WS_EARLY_PARTS 0
-#endif
 template <int kBlockN_, int kStages_, bool kPipeQK_>
 struct ConfigWgmmaWsT {
   static constexpr int kM = 64;
@@ -848,18 +842,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     // steps (before the row max, then after each n8 tile's exponentials): a wgmma issue stalls
     // until the tensor pipe takes it, so the 36 issued at once would hold WG0 for as long as the
     // pipe is busy with PV (kernel/NOTES.md, v50-v52).
-    constexpr int kParts = kNT + 1, kQKSteps = 36, kPer = (kQKSteps + kParts - 1) / kParts;
-    constexpr int kEarly = kPipe ? VA_WS_EARLY_PARTS : 0;
-    auto softmax_handoff_with = [&](float (&s)[kNT][4], int tile, bool masked, uint64_t vis_lo,
+    auto softmax_handoff_with = [&](const float (&s)[kNT][4], int tile, bool masked, uint64_t vis_lo,
                                     uint64_t vis_hi, float (&nxt)[kNT][4], int next) {
-      // Issue point `at` (0: before the row max, j + 1: after n8 tile j's exponentials) issues part
-      // at + kEarly; the first kEarly parts went out before the previous hand-off.
-      auto issue_part = [&](int at) {
+      auto issue_part = [&](int part) {
         if constexpr (kPipe) {
-          const int part = at + kEarly;
-          if (next >= 0 && part < kParts)
+          constexpr int kParts = kNT + 1, kSteps = 36, kPer = (kSteps + kParts - 1) / kParts;
+          if (next >= 0)
             qk_tile_rs_issue_steps<kNT, Cfg::kChunkBytes>(nxt, qa, sQs, sKV + (next % kStages) * Cfg::kTileBytes,
-                                                          part * kPer, min(kPer, kQKSteps - part * kPer));
+                                                          part * kPer, min(kPer, kSteps - part * kPer));
         }
       };
       issue_part(0);
@@ -928,25 +918,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         sAlpha[(tile % kPBufs) * 64 + r_lo + 8] = alpha_hi;
       }
       fence_proxy_async();
-#if VA_WS_EARLY_PARTS
-      // v56: S of tile + 1 waited for (nothing in flight at the spins below), P of tile + 1's buffer
-      // free, tile + 2 landed; then the first parts of its QK into the set this softmax just read,
-      // ahead of this tile's PV in the tensor queue.
-      if constexpr (kPipe) {
-        wgmma_wait<0>();  // unconditional: ptxas serializes wgmma where a path reads nxt unwaited
-        fence_regs(nxt);
-        const int t1 = tile + 1, t2 = tile + 2;
-        if (t1 < num_tiles && t1 >= 2) mbar_wait(bar_pv_done + 8 * (t1 % 2), (t1 / 2 - 1) & 1);
-        if (t2 < num_tiles) {
-          mbar_wait(bar_full + 8 * (t2 % kStages), (t2 / kStages) & 1);
-          fence_proxy_async();
-#pragma unroll
-          for (int part = 0; part < kEarly; ++part)
-            qk_tile_rs_issue_steps<kNT, Cfg::kChunkBytes>(s, qa, sQs, sKV + (t2 % kStages) * Cfg::kTileBytes,
-                                                          part * kPer, kPer);
-        }
-      }
-#endif
       // The warp's P is complete after __syncwarp; the lanes that wrote rescale factors (and, with
       // the last tile, the row statistics) then arrive: their release covers their own writes and,
       // through the warp barrier, their warp's P (read by wgmma after the wait).
@@ -1010,22 +981,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       qk_issue(sa, 0);
       wgmma_wait<0>();
       fence_regs(sa);
-#if VA_WS_EARLY_PARTS
-      // Each softmax issues the later parts of the next tile's QK; its hand-off waits, and issues
-      // the first parts of the one after (softmax_handoff_with).
-      if (num_tiles > 1) {
-        qk_landed(1);
-#pragma unroll
-        for (int part = 0; part < kEarly; ++part)
-          qk_tile_rs_issue_steps<kNT, Cfg::kChunkBytes>(sb, qa, sQs, sKV + (1 % kStages) * Cfg::kTileBytes,
-                                                        part * kPer, kPer);
-      }
-      for (int tile = 0; tile < num_tiles; tile += 2) {
-        softmax_handoff(sa, tile, sb, tile + 1 < num_tiles ? tile + 1 : -1);
-        if (tile + 1 >= num_tiles) break;
-        softmax_handoff(sb, tile + 1, sa, tile + 2 < num_tiles ? tile + 2 : -1);
-      }
-#else
       for (int tile = 0; tile < num_tiles; tile += 2) {
         pv_done_wait(tile);
         if (tile + 1 < num_tiles) qk_landed(tile + 1);
@@ -1040,7 +995,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         wgmma_wait<0>();
         fence_regs(sa);
       }
-#endif
       wgmma_wait<0>();  // nothing is in flight here; said so, or ptxas adds a wait of its own
     } else {
       for (int tile = 0; tile < num_tiles; ++tile) {
