@@ -477,11 +477,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 // each role takes its accumulator rows from %tid.x, and the gather addresses its chunks at
 // constant offsets.
 // ---------------------------------------------------------------------------------------------
-// Trial switch (kernel/NOTES.md, v57): P handed to the PV warpgroups in parts of 16 keys, each PV
-// k-step issued as soon as its part is written.
-#ifndef VA_WS_P_STREAM
-#define VA_WS_P_STREAM 0
-#endif
 template <int kBlockN_, int kStages_, bool kPipeQK_>
 struct ConfigWgmmaWsT {
   static constexpr int kM = 64;
@@ -780,8 +775,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   const int wg = warp / 4;
   __shared__ WorkItem s_item;
   constexpr int kPBufs = Cfg::kPBufs;
-  constexpr int kPP = VA_WS_P_STREAM ? kBN / 16 : 1;  // P-ready barriers per buffer (v57: one per PV k-step)
-  __shared__ __align__(8) uint64_t s_bar_p_ready[kPBufs * kPP];  // one per P buffer
+  __shared__ __align__(8) uint64_t s_bar_p_ready[kPBufs];  // one per P buffer
   const uint32_t bar_p_ready = smem_addr(s_bar_p_ready);
   // kPipeQK: PV of a tile done with its P buffer (WG1/WG2 -> WG0): mbarriers, one per buffer,
   // since the PV warpgroups may finish a tile while WG0 has not yet waited for the one before;
@@ -793,7 +787,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   if (tid == 0) {
     s_item = decode_item<kM>(p, s_plan, item);
 #pragma unroll
-    for (int b = 0; b < kPBufs * kPP; ++b) mbar_init(bar_p_ready + 8 * b, 32);  // the 32 WG0 threads that write rescale factors, once per tile
+    for (int b = 0; b < kPBufs; ++b) mbar_init(bar_p_ready + 8 * b, 32);  // the 32 WG0 threads that write rescale factors, once per tile
     if constexpr (kPipe) {
 #pragma unroll
       for (int b = 0; b < kPBufs; ++b) mbar_init(bar_pv_done + 8 * b, 256);  // WG1 + WG2's threads, once per tile
@@ -890,12 +884,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       const float ref_lo = row_ref(m_lo), ref_hi = row_ref(m_hi);
       float sum_lo = 0.f, sum_hi = 0.f;
       uint32_t pk[kNT][2];
-#if VA_WS_P_STREAM
-      if (lane % 4 == 0) {
-        sAlpha[(tile % kPBufs) * 64 + r_lo] = alpha_lo;
-        sAlpha[(tile % kPBufs) * 64 + r_lo + 8] = alpha_hi;
-      }
-#endif
 #pragma unroll
       for (int j = 0; j < kNT; ++j) {
         const float p0 = fast_exp2(fmaf(score(j, 0), scale, -ref_lo));
@@ -908,13 +896,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         pk[j][1] = pack_bf16(p2, p3);
         if (j % 2 == 1)
           store_p_x4(sP + (tile % kPBufs) * 64 * 128, (warp % 4) * 16, j / 2, lane, pk[j - 1][0], pk[j - 1][1], pk[j][0], pk[j][1]);
-#if VA_WS_P_STREAM
-        if (j % 2 == 1 && j / 2 < kPP - 1) {  // keys 16 (j / 2) .. + 15 of this warp's rows out
-          fence_proxy_async();
-          __syncwarp();
-          if (lane % 4 == 0) mbar_arrive(bar_p_ready + 8 * ((tile % kPBufs) * kPP + j / 2));
-        }
-#endif
         issue_part(j + 1);
       }
       {
@@ -932,18 +913,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
           }
         }
       }
-#if !VA_WS_P_STREAM
       if (lane % 4 == 0) {
         sAlpha[(tile % kPBufs) * 64 + r_lo] = alpha_lo;
         sAlpha[(tile % kPBufs) * 64 + r_lo + 8] = alpha_hi;
       }
-#endif
       fence_proxy_async();
       // The warp's P is complete after __syncwarp; the lanes that wrote rescale factors (and, with
       // the last tile, the row statistics) then arrive: their release covers their own writes and,
       // through the warp barrier, their warp's P (read by wgmma after the wait).
       __syncwarp();
-      if (lane % 4 == 0) mbar_arrive(bar_p_ready + 8 * ((tile % kPBufs) * kPP + kPP - 1));
+      if (lane % 4 == 0) mbar_arrive(bar_p_ready + 8 * (tile % kPBufs));
     };
     // A masked tile's visibility bits for this thread's two rows (its keys are pos0 + 8 j + 0/1,
     // j < kNT: 42 keys).
@@ -1096,7 +1075,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       const auto next_slots = fetch_slots(tile + kStages);  // consumed under this tile's PV
       if constexpr (kPipe) {
         // P, rescale factors (and row statistics) of this tile
-        mbar_wait(bar_p_ready + 8 * ((tile % kPBufs) * kPP), (tile / kPBufs) & 1);
+        mbar_wait(bar_p_ready + 8 * (tile % kPBufs), (tile / kPBufs) & 1);
         // V landed before WG0 took the tile (its wait on the stage's barrier, which this wait
         // follows); the cp.async writes, before this warpgroup's wgmma reads them.
         fence_proxy_async();
@@ -1107,7 +1086,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         fence_proxy_async();
         if (tile + 1 < num_tiles) named_bar_arrive(kBarFull + (tile + 1) % kStages, kThreads);
         mbar_wait(bar_p_ready, tile & 1);  // P, rescale factors (and row statistics) of this tile
-        if constexpr (VA_WS_P_STREAM) fence_proxy_async();
       }
       const float alpha_lo = sAlpha[(tile % kPBufs) * 64 + r_lo], alpha_hi = sAlpha[(tile % kPBufs) * 64 + r_lo + 8];
       rescale_o_lazy(o, alpha_lo, alpha_hi);
@@ -1116,25 +1094,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       // ld_row + 16 k that its gather writes: the next gather's row group k goes out as soon as
       // k-step k is done, under the later k-steps (kernel/NOTES.md, v39). QK of this tile finished
       // before P, so the RoPE chunk is free throughout.
-#if VA_WS_P_STREAM
-      {
-        // v57: k-step k once P's keys 16 k .. 16 k + 15 are out (part 0 waited above).
-        const uint64_t pa = smem_desc(sP + (tile % kPBufs) * 64 * 128, 16, 1024);
-        const uint64_t vb = smem_desc(sK + half * 4 * Cfg::kChunkBytes, Cfg::kChunkBytes, 1024);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < kPP; ++k) {
-          if (k > 0) {
-            mbar_wait(bar_p_ready + 8 * ((tile % kPBufs) * kPP + k), (tile / kPBufs) & 1);
-            fence_proxy_async();
-          }
-          wgmma_m64n256k16_vmn(o, pa + 2 * k, vb + 128 * k, 1);
-          wgmma_commit();
-        }
-      }
-#else
       pv_tile_issue<kBN, Cfg::kChunkBytes, true>(o, sP + (tile % kPBufs) * 64 * 128, sK, half);
-#endif
       const bool refill = tile + kStages < num_tiles;
 #pragma unroll
       for (int k = 0; k < kRowsPer; ++k) {
