@@ -118,8 +118,7 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
   lc.numAttrs = plan.dependent_combine ? 1 : 0;
   // Few rows means many splits per row (the plan fills the GPU): 4 groups read a row's splits
   // in parallel. Many rows (few splits each) already fill the GPU with one group per row.
-  // the wgmma-ws kernels' partials are fp16 (half_partials)
-  constexpr bool kHalf = std::is_same<Cfg, ConfigWgmmaWs>::value || std::is_same<Cfg, ConfigWgmmaWsPipe>::value;
+  constexpr bool kHalf = kIsWgmmaWs<Cfg>;  // its partials are fp16 (half_partials)
 #ifndef VA_COMBINE_TWO_PASS
   if constexpr (kHalf) {
     // Few rows: one block a row with every split's partial in flight at once (combine_wide_kernel);

@@ -526,6 +526,11 @@ struct ConfigWgmmaWsT {
 using ConfigWgmmaWs = ConfigWgmmaWsT<VA_WS_BLOCK_N, VA_WS_STAGES, false>;
 // (With 32-key tiles its Q and second P buffer leave room for 4 stages, not 5.)
 using ConfigWgmmaWsPipe = ConfigWgmmaWsT<VA_WS_BLOCK_N, VA_WS_BLOCK_N == 32 ? 4 : VA_WS_STAGES, true>;
+// Either wgmma-ws config (both store fp16 split partials: half_partials).
+template <class Cfg>
+constexpr bool kIsWgmmaWs = false;
+template <int kBlockN, int kStages, bool kPipeQK>
+constexpr bool kIsWgmmaWs<ConfigWgmmaWsT<kBlockN, kStages, kPipeQK>> = true;
 // Where the pipelined loop pays: with one or two row tiles per request (<= 128 rows), a call
 // streams its keys from DRAM and the tile's chain from arrival to refill sets the pace; there the
 // pipelined loop's QK (12 of its 36 k-steps from shared memory) lengthens the chain and v41's loop
