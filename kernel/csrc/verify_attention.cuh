@@ -397,8 +397,7 @@ struct RequestBounds {
 // The launch's plan as one CTA needs it: the split length, the item count, and the request that
 // holds this CTA's item.
 struct BlockPlan {
-  int split_len;     // L: keys per split at most, a multiple of the KV tile
-  int block_n;       // keys per KV tile (the config's): splits are whole tiles
+  int split_len;     // L: keys per split, a multiple of the KV tile
   int num_items;     // work items in all (CTAs past it have nothing to do)
   int b;             // request of this CTA's item
   int item_begin;    // its first item
@@ -450,9 +449,8 @@ __device__ __forceinline__ void place_request(const Params& p, int item, int b, 
   }
 }
 // The launch-wide results, by one thread: split length and item count (CTA 0 also publishes them).
-__device__ __forceinline__ void finish_plan(const Params& p, int L, int block_n, int num_items, BlockPlan* out) {
+__device__ __forceinline__ void finish_plan(const Params& p, int L, int num_items, BlockPlan* out) {
   out->split_len = L;
-  out->block_n = block_n;
   out->num_items = num_items;
   if (blockIdx.x == 0) {
     p.item_prefix[p.batch] = num_items;
@@ -485,23 +483,12 @@ __device__ __forceinline__ void plan_warp(const Params& p, int item, BlockPlan* 
     if (items <= p.max_partials) hi = mid; else lo = mid + 1;
   }
   const int L = lo * Cfg::kBlockN;
-  int splits = has ? ceil_div(len, L) : 0;
-#ifndef VA_UNIFORM_SPLITS
-  // One request: as many splits as its row tiles leave work items for (each split still at least
-  // the minimum), so that every SM has a split and the splits' ends are spread; the longest split
-  // stays at most L (kernel/NOTES.md, v58).
-  if (p.batch == 1 && has && len > 0 && tiles_m > 0) {
-    const int tiles = ceil_div(len, Cfg::kBlockN);
-    const int fill = min(p.max_partials / tiles_m, tiles / max(1, min(p.min_split_tiles, tiles)));
-    splits = max(splits, fill);
-  }
-#endif
-  const int items = splits * tiles_m;
+  const int splits = has ? ceil_div(len, L) : 0, items = splits * tiles_m;
   const int in_part = splits > 1 ? items : 0;
   const int item_inc = warp_inclusive_scan(items), part_inc = warp_inclusive_scan(in_part);
   const int begin = item_inc - items, total = __shfl_sync(0xffffffffu, item_inc, 31);
   if (has) place_request(p, item, lane, rb, begin, items, splits, splits > 1 ? part_inc - in_part : -1, out);
-  if (lane == 0) finish_plan(p, L, Cfg::kBlockN, total, out);
+  if (lane == 0) finish_plan(p, L, total, out);
 }
 
 // Every thread of the CTA calls this; the result is in *out after it returns.
@@ -570,7 +557,7 @@ __device__ __forceinline__ void plan_block(const Params& p, int item, BlockPlan*
     item_base += item_total;
     partial_base += partial_total;
   }
-  if (threadIdx.x == 0) finish_plan(p, L, Cfg::kBlockN, item_base, out);
+  if (threadIdx.x == 0) finish_plan(p, L, item_base, out);
   __syncthreads();
 }
 
@@ -606,22 +593,8 @@ __device__ __forceinline__ WorkItem decode_item(const Params& p, const BlockPlan
   const int row_tiles = ceil_div(rows, kM);
   const int split = w.local / row_tiles, row_tile = w.local % row_tiles;
   const int kv_req_end = plan.req.kv_end;
-#ifdef VA_UNIFORM_SPLITS
   w.kv_begin = plan.req.kv_begin + split * plan.split_len;
   w.kv_end = min(w.kv_begin + plan.split_len, kv_req_end);
-#else
-  // The request's T tiles in S splits of q = T / S tiles, the first T % S of them one more:
-  // lengths differ by at most a tile, each holds at least one (S <= T), and the last split (the
-  // draft tokens' masked tile) is never a longer one (kernel/NOTES.md, v58).
-  {
-    const int bn = plan.block_n, splits = plan.num_splits;
-    const int tiles = ceil_div(kv_req_end - plan.req.kv_begin, bn);
-    const int q = tiles / splits, r = tiles - q * splits;
-    const int t0 = split * q + min(split, r);
-    w.kv_begin = plan.req.kv_begin + t0 * bn;
-    w.kv_end = min(w.kv_begin + (q + (split < r ? 1 : 0)) * bn, kv_req_end);
-  }
-#endif
   w.draft_begin = kv_req_end - w.num_draft;
   w.num_splits = plan.num_splits;
   w.partial_base = plan.partial_base;
