@@ -31,6 +31,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=SLOW_REASON))
 
 
+# git's variables that point it at a repository other than the working directory's.
+GIT_REPOSITORY_ENV = (
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR",
+)
+
+
+@pytest.fixture
+def own_git_repositories(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For tests that build their own git repositories (and the harness processes they start):
+    a caller's git environment, e.g. GIT_DIR set for a run from a source copy, must not send
+    their git commands to another repository."""
+    for name in GIT_REPOSITORY_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
 @cache
 def _load(name: str) -> bundles.Bundle:
     return bundles.load(name)

@@ -29,6 +29,8 @@ from harness.results import Results, load_results, write_results
 from harness.sweep import PlannedCase, PlannedRun, TimingPolicy
 
 PROJECT = Path(__file__).resolve().parents[1]
+# Temporary git repositories: git must reach them, whatever GIT_DIR the caller set.
+pytestmark = pytest.mark.usefixtures("own_git_repositories")
 
 
 def git(repo: Path, *args: str) -> str:

@@ -17,6 +17,9 @@ import pytest
 from harness import compare
 from harness.results import ParityRow, Results, SweepRow, compress_results, write_results
 
+# Temporary git repositories: git must reach them, whatever GIT_DIR the caller set.
+pytestmark = pytest.mark.usefixtures("own_git_repositories")
+
 H200 = "NVIDIA H200"
 
 
