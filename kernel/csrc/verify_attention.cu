@@ -39,11 +39,11 @@ void fill_plan(int batch, int num_tokens, int num_heads, int max_partials, int c
 }
 
 // combine_wide_kernel with kGroups groups of kWideLanes threads a row; each thread loads 9 splits
-// before it uses any (kGroups x 9 splits a batch).
-template <class Cfg, int kGroups>
+// before it uses any (kGroups x 9 splits a batch). kHalf: fp16 partials (the wgmma-ws configs').
+template <class Cfg, int kGroups, bool kHalf>
 cudaError_t launch_combine_wide(cudaLaunchConfig_t lc, const Params& p, int rows) {
   lc.blockDim = dim3(kGroups * kWideLanes);
-  return cudaLaunchKernelEx(&lc, combine_wide_kernel<Cfg, kGroups, 9>, p, rows);
+  return cudaLaunchKernelEx(&lc, combine_wide_kernel<Cfg, kGroups, 9, kHalf>, p, rows);
 }
 
 using MainKernel = void (*)(Params);
@@ -120,13 +120,12 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
   // in parallel. Many rows (few splits each) already fill the GPU with one group per row.
   constexpr bool kHalf = kIsWgmmaWs<Cfg>;  // its partials are fp16 (half_partials)
 #ifndef VA_COMBINE_TWO_PASS
-  if constexpr (kHalf) {
-    // Few rows: one block a row with every split's partial in flight at once (combine_wide_kernel);
-    // the groups a block shrink as rows grow so that the blocks stay one wave (splits a row shrink too).
-    if (rows <= 132) return launch_combine_wide<Cfg, 8>(lc, p, rows);
-    if (rows <= 264) return launch_combine_wide<Cfg, 4>(lc, p, rows);
-    if (rows <= kCombineManySplitsRows) return launch_combine_wide<Cfg, 2>(lc, p, rows);
-  }
+  // Few rows: one block a row with every split's partial in flight at once (combine_wide_kernel);
+  // the groups a block shrink as rows grow so that the blocks stay one wave (splits a row shrink
+  // too). Every config: fp16 partials (wgmma-ws) or fp32 (mma.sync, kernel/NOTES.md v59).
+  if (rows <= 132) return launch_combine_wide<Cfg, 8, kHalf>(lc, p, rows);
+  if (rows <= 264) return launch_combine_wide<Cfg, 4, kHalf>(lc, p, rows);
+  if (rows <= kCombineManySplitsRows) return launch_combine_wide<Cfg, 2, kHalf>(lc, p, rows);
 #endif
   if (rows <= kCombineManySplitsRows) {
     lc.blockDim = dim3(4 * kCombineLanes);

@@ -750,10 +750,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
   constexpr int kOTiles = kPartDims / 8;     // n8 tiles of O per warp
 
   const int item = blockIdx.x;
-  wait_for_primary_grid();   // the kernel before this one in the stream: before any global access
-  allow_dependent_launch();  // the combine may launch (it waits for this grid before it reads)
+  wait_for_primary_grid();  // the kernel before this one in the stream: before any global access
+  // The combine may launch once every CTA has allowed it (it waits for this grid before it reads
+  // the partials); CTA 0 allows it only after it has published the plan's entries, which the
+  // few-row combine reads before its griddepcontrol.wait (as in the wgmma-ws kernel).
+  if (item != 0) allow_dependent_launch();
   __shared__ BlockPlan s_plan;
   plan_block<Cfg>(p, item, &s_plan);
+  if (item == 0) {
+    if (threadIdx.x == 0) __threadfence();  // plan_block's entries (written before its barrier), then:
+    __syncthreads();
+    allow_dependent_launch();
+  }
   if (item >= s_plan.num_items) return;
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1256,35 +1264,37 @@ __global__ void __launch_bounds__(kGroups * kCombineLanes) combine_kernel(Params
 }
 
 
-// The combine of fp16 partials (the wgmma-ws kernel's) for calls with few rows, i.e. many splits
-// a row. One block per row; a group of 64 threads reads a split's 1 KB row with one 16-byte load a
-// thread, and each thread loads the lse, scale and values of up to kPer splits before it uses any
-// of them, so that a row's partials (66 KB at 128 rows) are in flight at once. Profiled before
+// The combine for calls with few rows, i.e. many splits a row. One block per row; a group of 64
+// threads reads a split's row, each thread its 8 dims: with one 16-byte load of fp16 partials (the
+// wgmma-ws kernels', kHalf, 1 KB a row) or two of fp32 partials (the mma.sync kernels', 2 KB a
+// row, no scales); each thread loads the lse, scale and values of up to kPer splits before it uses
+// any of them, so that a row's partials (66 KB at 128 rows in fp16) are in flight at once. Profiled before
 // (Nsight Compute, P=32k H=8 T=16): the two-pass combine above ran 6.2 us at 20 % of L2
 // throughput, 25 % of warp slots, stalled on loads (long scoreboard) 44 % of the time: latency,
 // with ~16 KB in flight an SM. Each thread keeps a running max of the lse it has seen (its sums
 // rescaled when it grows); the groups are merged in group order, so the result is deterministic.
 constexpr int kWideLanes = kVDim / 8;  // threads per group: 8 dims (16 bytes of fp16) each
 
-template <class Cfg, int kGroups, int kPer>
+template <class Cfg, int kGroups, int kPer, bool kHalf>
 __global__ void __launch_bounds__(kGroups * kWideLanes) combine_wide_kernel(Params p, int total_rows) {
   const int row = blockIdx.x;  // flattened (token, head)
   if (row >= total_rows) return;
   const CombineRow cr = combine_row<Cfg::kM>(p, row);
   const int t = threadIdx.x % kWideLanes, g = threadIdx.x / kWideLanes;
   // The plan's entries before the wait (one L2 round trip for both, off the path after the main
-  // grid): the wgmma-ws kernel's CTA 0 writes them and fences before it lets this kernel launch.
+  // grid): every main kernel's CTA 0 writes them and fences before it lets this kernel launch.
   // From L2 (`ld.global.cg`): an earlier call's values may still sit in this SM's L1.
   const int splits = __ldcg(p.num_splits + cr.b), base = __ldcg(p.partial_base + cr.b);
   wait_for_primary_grid();  // before reading the partials (and, every block, before it ends)
   if (splits == 1 || !cr.in_batch) return;  // written directly by the main kernel / no request's row
-  const __half* parts = half_partials(p);
-  const float* scales = half_partial_scales(p);
+  [[maybe_unused]] const __half* parts = half_partials(p);
+  [[maybe_unused]] const float* scales = half_partial_scales(p);
   float m = -INFINITY, denom = 0.f, acc[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+  constexpr int kWords = kHalf ? 1 : 2;  // 16-byte words of a thread's 8 dims
   for (int s0 = g; s0 < splits; s0 += kGroups * kPer) {
-    uint4 v[kPer];
+    uint4 v[kPer][kWords];
     float lse[kPer], sc[kPer];
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
@@ -1292,12 +1302,20 @@ __global__ void __launch_bounds__(kGroups * kWideLanes) combine_wide_kernel(Para
       if (s < splits) {
         const int64_t prow = cr.partial_row<Cfg::kM>(base, s);
         lse[i] = p.partial_lse[prow];
-        sc[i] = scales[prow * 2 + t / (kWideLanes / 2)];
-        v[i] = reinterpret_cast<const uint4*>(parts + prow * kVDim)[t];
+        if constexpr (kHalf) {
+          sc[i] = scales[prow * 2 + t / (kWideLanes / 2)];
+          v[i][0] = reinterpret_cast<const uint4*>(parts + prow * kVDim)[t];
+        } else {
+          sc[i] = 1.f;
+#pragma unroll
+          for (int k = 0; k < kWords; ++k)
+            v[i][k] = reinterpret_cast<const uint4*>(p.partial_o + prow * kVDim)[2 * t + k];
+        }
       } else {
         lse[i] = -INFINITY;
         sc[i] = 0.f;
-        v[i] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int k = 0; k < kWords; ++k) v[i][k] = make_uint4(0, 0, 0, 0);
       }
     }
     float bm = m;
@@ -1315,12 +1333,22 @@ __global__ void __launch_bounds__(kGroups * kWideLanes) combine_wide_kernel(Para
       const float w = lse[i] > -INFINITY ? __expf(lse[i] - m) : 0.f;  // a split with no visible key: 0
       denom += w;
       const float wv = w * sc[i];
-      const uint32_t words[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+      if constexpr (kHalf) {
+        const uint32_t words[4] = {v[i][0].x, v[i][0].y, v[i][0].z, v[i][0].w};
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 f2 = __half22float2(*reinterpret_cast<const __half2*>(&words[k]));
-        acc[2 * k] += wv * f2.x;
-        acc[2 * k + 1] += wv * f2.y;
+        for (int k = 0; k < 4; ++k) {
+          const float2 f2 = __half22float2(*reinterpret_cast<const __half2*>(&words[k]));
+          acc[2 * k] += wv * f2.x;
+          acc[2 * k + 1] += wv * f2.y;
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < kWords; ++k) {
+          acc[4 * k] += wv * __uint_as_float(v[i][k].x);
+          acc[4 * k + 1] += wv * __uint_as_float(v[i][k].y);
+          acc[4 * k + 2] += wv * __uint_as_float(v[i][k].z);
+          acc[4 * k + 3] += wv * __uint_as_float(v[i][k].w);
+        }
       }
     }
   }
