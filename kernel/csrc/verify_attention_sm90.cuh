@@ -541,6 +541,12 @@ inline bool wgmma_ws_pipelined(long long rows, int batch) {
   return batch > 0 && rows >= static_cast<long long>(kPipeMinRowsPerRequest) * batch;
 }
 
+// Is score (j, e) of a thread's S accumulators (n8 tile j; e & 2: the row 8 below, e & 1: the
+// second key) visible, by its two rows' 64-key windows of visibility bits (visible_window)?
+__device__ __forceinline__ bool key_visible_bit(uint64_t vis_lo, uint64_t vis_hi, int j, int e) {
+  return ((e & 2) ? vis_hi : vis_lo) >> (8 * j + (e & 1)) & 1ull;
+}
+
 __device__ __forceinline__ void named_bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
@@ -859,7 +865,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       };
       issue_part(0);
       auto score = [&](int j, int e) {
-        return !masked || (((e & 2) ? vis_hi : vis_lo) >> (8 * j + (e & 1)) & 1ull) ? s[j][e] : -INFINITY;
+        return !masked || key_visible_bit(vis_lo, vis_hi, j, e) ? s[j][e] : -INFINITY;
       };
       // Row maxima of the raw scores as a pairwise tree (depth 4 for 48 keys; a linear chain was 12
       // dependent steps on WG0's chain, kernel/NOTES.md v41), then scaled (the scale is positive);
@@ -955,7 +961,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
           for (int j = 0; j < kNT; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-              if (!(((e & 2) ? vis_hi : vis_lo) >> (8 * j + (e & 1)) & 1ull)) s[j][e] = -INFINITY;
+              if (!key_visible_bit(vis_lo, vis_hi, j, e)) s[j][e] = -INFINITY;
         }
         softmax_handoff_with(s, tile, false, 0, 0, nxt, next);
       }
