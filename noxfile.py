@@ -1,4 +1,4 @@
-"""nox sessions: parity, sweep, compare, ab, tests, lint, ptxas.
+"""nox sessions: parity, sweep, compare, ab, bringup, tests, lint, ptxas.
 
 Every session also runs with ``nox --no-venv -s NAME`` on a box whose CUDA torch is already
 installed (nothing is installed then; the packages must be there). With a virtualenv the
@@ -55,6 +55,14 @@ def ab(session: nox.Session) -> None:
     """``nox -s ab -- --base REV``: builds REV's kernel beside this one, times both interleaved."""
     _install_project(session)
     _harness(session, "ab", *session.posargs)
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def bringup(session: nox.Session) -> None:
+    """The first run on a new box: GPU tests, parity, sweeps, mma.sync's ceiling, A/Bs, TP; writes
+    reports/<run>-bringup-.../ (``-- --list`` shows the steps)."""
+    _install_project(session, "[dev]")
+    _harness(session, "bringup", *session.posargs)
 
 
 @nox.session(venv_params=VENV_PARAMS)

@@ -17,6 +17,8 @@ COMMANDS = (
     "harness.report",
     "harness.compare",
     "harness.ab",
+    "harness.mma_peak",
+    "harness.bringup",
 )
 
 

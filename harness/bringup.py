@@ -1,0 +1,539 @@
+"""``python -m harness bringup``: the first run on a new box, every step in one command.
+
+A box the kernel has never run on (the first is an RTX PRO 6000, sm_120) needs the same evidence
+every time: the GPU tests, parity with the mutation controls, the default sweep on every GPU,
+the sm_120 configs' own grid, mma.sync's ceiling, the A/Bs of the choices made elsewhere, and
+the tensor-parallel steps. Each step is one of the project's own commands, run as a child
+process in this order:
+
+    build        the kernel extension, and the configs ``auto`` takes here (a probe, no timing)
+    gpu-tests    pytest -m gpu tests (the sanitizer tests apart; -n 8 where pytest-xdist is)
+    sanitizer    pytest -m gpu tests/test_kernel_sanitizer.py (compute-sanitizer memcheck, racecheck)
+    parity       python -m harness parity --mutations
+    sweep        python -m harness sweep --grid default [--gpus all]
+    sweep-sm120  python -m harness sweep --grid sm120 [--gpus all]   (sm_120's configs, forced)
+    mma-peak     python -m harness mma-peak --out <this run's folder>
+    ab-shape-32  python -m harness ab --base-define VA_SMALL_SHAPE=32 --grid default
+    ab-shape-48  python -m harness ab --base-define VA_SMALL_SHAPE=48 --grid quick
+    ab-combine   python -m harness ab --base-define VA_COMBINE_TWO_PASS --grid quick
+    tp           python -m harness sweep --grid default --tp N   (N: 8, 4 or 2, the most GPUs here)
+
+``--gpus all`` where the box has more than one GPU. The two shape A/Bs time the rule that picks
+``small`` or ``small-m32`` (``kernel/NOTES.md`` v24-v27), so they run only where ``auto`` takes
+those configs (the build step's probe says); ``tp`` only with two GPUs or more. A step that
+cannot run here is ``skipped`` with its reason. A failing step does not stop the next ones: the
+run goes on and exits 1 at the end.
+
+Everything goes into one folder, ``reports/<UTC time>-bringup-<gpu>-<sha7>/`` (or ``--out``):
+each step's log (``<step>.log``), ``mma-peak.json``, and ``bringup.json`` + ``README.md``
+(each step: its command, status, exit code, seconds, the report folders it wrote). Those two
+are rewritten after every step, atomically, so a run cut short leaves the record of the steps
+it finished. The other steps write their own report folders under ``reports/`` as usual.
+
+    python -m harness bringup [--only a,b] [--skip a,b] [--out DIR] [--list] [--step-timeout S]
+
+Running again into the same ``--out`` replaces the records of the steps it runs and keeps the
+others (e.g. ``--only tp`` after a box with more GPUs was lent). ``--list`` prints the plan and
+each skip's reason without running anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+REPORTS_DIR = ROOT / "reports"
+RECORD_FILE = "bringup.json"
+SCHEMA = "verify-attention/bringup"
+SCHEMA_VERSION = 1
+PROBE_PREFIX = "bringup-probe: "
+MMA_SYNC_CONFIGS = ("small", "small-m32")
+STATUSES = ("passed", "failed", "timed-out", "skipped", "not-run")
+
+
+@dataclass(frozen=True)
+class Box:
+    """What the plan depends on: how many GPUs, their name and compute capability."""
+
+    gpus: int
+    name: str | None = None
+    capability: str | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    what: str
+    argv: tuple[str, ...]  # after ``python``; "{out}" stands for this run's folder
+    timeout_s: int
+    # None: runs; else the reason it is skipped. Takes the box and the build probe's answer
+    # (None before the build step ran, or when it failed).
+    skip: Callable[[Box, dict[str, Any] | None], str | None] = lambda box, probe: None
+
+
+def _xdist() -> tuple[str, ...]:
+    return ("-n", "8") if importlib.util.find_spec("xdist") is not None else ()
+
+
+def _needs_mma_sync_auto(box: Box, probe: dict[str, Any] | None) -> str | None:
+    if probe is None:
+        return "the build step's probe did not run or failed, so which configs auto takes here is unknown"
+    taken = sorted(set(probe.get("auto", {}).values()))
+    if not set(taken) & set(MMA_SYNC_CONFIGS):
+        return f"auto takes {', '.join(taken) or 'nothing'} here, not small/small-m32: the shape rule does not apply"
+    return None
+
+
+def tp_size(gpus: int) -> int | None:
+    """The TP degree this box can time: the largest of 8, 4, 2 that it has GPUs for."""
+    return next((n for n in (8, 4, 2) if gpus >= n), None)
+
+
+def _needs_two_gpus(box: Box, probe: dict[str, Any] | None) -> str | None:
+    return None if tp_size(box.gpus) else f"tensor-parallel timing needs 2 GPUs or more; {box.gpus} visible"
+
+
+def _needs_a_gpu(box: Box, probe: dict[str, Any] | None) -> str | None:
+    return None if box.gpus >= 1 else "no CUDA device is visible to torch"
+
+
+def plan(box: Box) -> list[Step]:
+    """Every step, in order, for ``box`` (skips are decided when a step's turn comes)."""
+    spread = ("--gpus", "all") if box.gpus > 1 else ()
+    n = tp_size(box.gpus) or 2
+    return [
+        Step(
+            "build",
+            "the kernel extension and the configs auto takes here",
+            ("-m", "harness.bringup", "--probe"),
+            900,
+        ),
+        Step(
+            "gpu-tests",
+            "pytest -m gpu (all but the sanitizer tests)",
+            (
+                "-m",
+                "pytest",
+                "-m",
+                "gpu",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                *_xdist(),
+                "tests",
+                "--ignore=tests/test_kernel_sanitizer.py",
+            ),
+            1800,
+        ),
+        Step(
+            "sanitizer",
+            "compute-sanitizer memcheck and racecheck",
+            ("-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests/test_kernel_sanitizer.py"),
+            900,
+        ),
+        Step(
+            "parity",
+            "parity on the six bundles, with the mutation controls",
+            ("-m", "harness", "parity", "--mutations"),
+            1200,
+        ),
+        Step("sweep", "the default grid", ("-m", "harness", "sweep", "--grid", "default", *spread), 3600),
+        Step(
+            "sweep-sm120",
+            "sm_120's configs forced, every target call",
+            ("-m", "harness", "sweep", "--grid", "sm120", *spread),
+            3600,
+        ),
+        Step(
+            "mma-peak",
+            "mma.sync's own rate beside the matmul",
+            ("-m", "harness", "mma-peak", "--out", "{out}"),
+            900,
+        ),
+        Step(
+            "ab-shape-32",
+            "the shape rule against M=32 always, where the rule takes M=48",
+            ("-m", "harness", "ab", "--base-define", "VA_SMALL_SHAPE=32", "--grid", "default"),
+            3600,
+            _needs_mma_sync_auto,
+        ),
+        Step(
+            "ab-shape-48",
+            "the shape rule against M=48 always, where the rule takes M=32",
+            ("-m", "harness", "ab", "--base-define", "VA_SMALL_SHAPE=48", "--grid", "quick"),
+            3600,
+            _needs_mma_sync_auto,
+        ),
+        Step(
+            "ab-combine",
+            "v59's wide combine against the two-pass one",
+            ("-m", "harness", "ab", "--base-define", "VA_COMBINE_TWO_PASS", "--grid", "quick"),
+            3600,
+        ),
+        Step(
+            "tp",
+            f"the default grid tensor-parallel on {n} GPUs",
+            ("-m", "harness", "sweep", "--grid", "default", "--tp", str(n)),
+            3600,
+            _needs_two_gpus,
+        ),
+    ]
+
+
+STEP_NAMES = tuple(s.name for s in plan(Box(gpus=2)))
+
+
+def select(steps: list[Step], only: Sequence[str] | None, skip: Sequence[str] | None) -> list[Step]:
+    for option, names in (("--only", only), ("--skip", skip)):
+        unknown = [n for n in names or () if n not in STEP_NAMES]
+        if unknown:
+            raise ValueError(
+                f"{option}: unknown step(s) {', '.join(unknown)}; the steps are {', '.join(STEP_NAMES)}"
+            )
+    return [s for s in steps if (not only or s.name in only) and s.name not in (skip or ())]
+
+
+# ---------------------------------------------------------------------------------------------
+# The record
+
+
+@dataclass
+class StepRecord:
+    name: str
+    what: str
+    command: str
+    status: str = "not-run"
+    rc: int | None = None
+    seconds: float | None = None
+    log: str | None = None
+    reports: list[str] = field(default_factory=list)
+    reason: str = ""
+    started_utc: str | None = None
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def command_text(step: Step, out_dir: Path) -> str:
+    return shlex.join(["python", *(a.replace("{out}", str(_shown(out_dir))) for a in step.argv)])
+
+
+def _shown(path: Path) -> Path:
+    with contextlib.suppress(ValueError):
+        return Path(path).resolve().relative_to(ROOT)
+    return Path(path)
+
+
+def load_record(out_dir: Path) -> dict[str, Any] | None:
+    path = out_dir / RECORD_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(
+            f"--out {out_dir}: {RECORD_FILE} there is unreadable ({e}); give another folder"
+        ) from e
+    if record.get("schema") != SCHEMA:
+        raise ValueError(
+            f"--out {out_dir}: {RECORD_FILE} there is not a bringup record (schema {record.get('schema')!r})"
+        )
+    return record
+
+
+def render_readme(record: dict[str, Any]) -> str:
+    box = record.get("box") or {}
+    git = record.get("git") or {}
+    lines = [
+        f"# Bring-up of {box.get('name') or 'a box without a GPU'} ({box.get('gpus', 0)} GPU(s), "
+        f"compute capability {box.get('capability') or '-'}) at {(git.get('sha') or 'an unknown commit')[:7]}",
+        "",
+        f"`{record.get('command', '')}`, {record.get('updated_utc', '')}. Written by `python -m harness bringup`"
+        " (harness/bringup.py); each step's log is beside this file.",
+        "",
+    ]
+    probe = record.get("probe")
+    if probe:
+        auto = ", ".join(f"{k}: {v}" for k, v in sorted((probe.get("auto") or {}).items()))
+        lines += [f"`auto` here (the build step's probe): {auto}.", ""]
+    lines += ["| step | status | exit | seconds | reports | command / reason |", "|---|---|---|---|---|---|"]
+    for s in record.get("steps", []):
+        secs = "" if s.get("seconds") is None else f"{s['seconds']:.0f}"
+        rc = "" if s.get("rc") is None else str(s["rc"])
+        reports = "<br>".join(f"`{r}`" for r in s.get("reports", [])) or ""
+        detail = s.get("reason") if s.get("status") == "skipped" else f"`{s.get('command', '')}`"
+        lines.append(f"| {s['name']} | **{s['status']}** | {rc} | {secs} | {reports} | {detail} |")
+    totals = {st: sum(1 for s in record.get("steps", []) if s.get("status") == st) for st in STATUSES}
+    lines += ["", ", ".join(f"{v} {k}" for k, v in totals.items() if v) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def write_record(out_dir: Path, record: dict[str, Any]) -> None:
+    from harness.results import atomic_write_text
+
+    record["updated_utc"] = _now()
+    atomic_write_text(out_dir / RECORD_FILE, json.dumps(record, indent=1) + "\n")
+    atomic_write_text(out_dir / "README.md", render_readme(record))
+
+
+def merge_steps(previous: list[dict[str, Any]], current: list[StepRecord]) -> list[dict[str, Any]]:
+    """The steps in plan order: this run's where it has one, the previous record's otherwise."""
+    ours = {s.name: asdict(s) for s in current}
+    theirs = {s["name"]: s for s in previous}
+    names = [*STEP_NAMES, *(n for n in [*theirs, *ours] if n not in STEP_NAMES)]
+    return [ours.get(n) or theirs[n] for n in dict.fromkeys(names) if n in ours or n in theirs]
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+
+
+def _report_dirs() -> set[str]:
+    if not REPORTS_DIR.is_dir():
+        return set()
+    return {p.name for p in REPORTS_DIR.iterdir() if p.is_dir()}
+
+
+def run_step(
+    step: Step, out_dir: Path, python: str, timeout_s: float | None, env: dict[str, str]
+) -> StepRecord:
+    """Run one step as a child process in its own process group, its output into its log."""
+    rec = StepRecord(step.name, step.what, command_text(step, out_dir), started_utc=_now())
+    log = out_dir / f"{step.name}.log"
+    rec.log = log.name
+    argv = [python, *(a.replace("{out}", str(out_dir)) for a in step.argv)]
+    before = _report_dirs()
+    limit = timeout_s if timeout_s is not None else step.timeout_s
+    start = time.monotonic()
+    with open(log, "w", encoding="utf-8") as f:
+        f.write(f"$ {rec.command}\n")
+        f.flush()
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        try:
+            rec.rc = proc.wait(timeout=limit)
+            rec.status = "passed" if rec.rc == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            rec.rc = proc.wait()
+            rec.status = "timed-out"
+            rec.reason = f"killed after {limit:.0f} s (--step-timeout)"
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+    rec.seconds = round(time.monotonic() - start, 1)
+    rec.reports = sorted(_report_dirs() - before - {out_dir.name})
+    return rec
+
+
+def read_probe(log: Path) -> dict[str, Any] | None:
+    """The build step's answer: its log's last ``bringup-probe:`` line."""
+    if not log.is_file():
+        return None
+    found = None
+    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith(PROBE_PREFIX):
+            with contextlib.suppress(json.JSONDecodeError):
+                found = json.loads(line[len(PROBE_PREFIX) :])
+    return found
+
+
+# Calls the probe asks ``planned_config`` about: (label, tokens, heads, KV indices), B=1.
+PROBE_CALLS = (
+    ("P=4k H=8 T=16", 16, 8, 4096),
+    ("P=32k H=8 T=16", 16, 8, 32768),
+    ("P=200k H=8 T=16", 16, 8, 200000),
+    ("P=64k H=64 T=16", 16, 64, 65536),
+    ("P=4k H=128 T=256", 256, 128, 4096),
+)
+
+
+def probe() -> int:
+    """The build step: build (or load) the extension, then print which config ``auto`` takes
+    for a few target calls here (shapes only: nothing is launched)."""
+    import torch
+
+    import kernel
+    from kernel.build import load_extension, loaded_build
+
+    if not torch.cuda.is_available():
+        print("error: bringup --probe: no CUDA device is visible to torch", file=sys.stderr)
+        return 2
+    load_extension(verbose=False)
+    print("built", loaded_build(), flush=True)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    auto = {}
+    for label, tokens, heads, keys in PROBE_CALLS:
+        q = torch.empty(tokens, heads, 576, dtype=torch.bfloat16, device=dev)
+        kv_indices = torch.empty(keys, dtype=torch.int32, device=dev)
+        qo_indptr = torch.tensor([0, tokens], dtype=torch.int32, device=dev)
+        auto[label] = kernel.planned_config(q, kv_indices, qo_indptr)
+    props = torch.cuda.get_device_properties(dev)
+    print(
+        PROBE_PREFIX + json.dumps({"device": props.name, "cc": f"{props.major}.{props.minor}", "auto": auto}),
+        flush=True,
+    )
+    return 0
+
+
+def detect_box() -> Box:
+    import torch
+
+    if not torch.cuda.is_available():
+        return Box(gpus=0)
+    props = torch.cuda.get_device_properties(0)
+    return Box(gpus=torch.cuda.device_count(), name=props.name, capability=f"{props.major}.{props.minor}")
+
+
+def default_out_dir(now: datetime, box: Box, sha: str | None) -> Path:
+    from harness.parity import _slug
+
+    return REPORTS_DIR / f"{now:%Y%m%dT%H%M%S}-bringup-{_slug(box.name or 'cpu')}-{(sha or 'nogit')[:7]}"
+
+
+def invocation(args: argparse.Namespace) -> str:
+    """The command line of this run, from its options."""
+    argv = ["python", "-m", "harness", "bringup"]
+    for option, value in (("--only", args.only), ("--skip", args.skip), ("--out", args.out)):
+        if value:
+            argv += [option, str(_shown(Path(value))) if option == "--out" else value]
+    if args.step_timeout:
+        argv += ["--step-timeout", f"{args.step_timeout:g}"]
+    return shlex.join(argv)
+
+
+def _names(text: str | None) -> list[str] | None:
+    return [x.strip() for x in text.split(",") if x.strip()] if text else None
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def main(
+    args: argparse.Namespace,
+    box: Box | None = None,
+    python: str | None = None,
+    steps: list[Step] | None = None,
+) -> int:
+    """Run the plan (``box``, ``python`` and ``steps`` stand in for the real ones in tests)."""
+    from harness.env import git_info
+
+    box = box or detect_box()
+    try:
+        steps = select(steps if steps is not None else plan(box), _names(args.only), _names(args.skip))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    git = git_info()
+    out_dir = Path(args.out) if args.out else default_out_dir(datetime.now(timezone.utc), box, git.get("sha"))
+    if args.list:
+        for s in steps:
+            if s.skip is _needs_mma_sync_auto:
+                note = "  [only where auto takes small/small-m32: the build step's probe decides]"
+            else:
+                reason = _needs_a_gpu(box, None) or s.skip(box, None)
+                note = f"  [skipped: {reason}]" if reason else ""
+            print(f"{s.name:12s} {command_text(s, out_dir)}{note}")
+        return 0
+    try:
+        previous = load_record(out_dir) or {}
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record: dict[str, Any] = {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "created_utc": previous.get("created_utc") or _now(),
+        "command": invocation(args),
+        "git": git,
+        "box": asdict(box),
+        "probe": previous.get("probe"),
+    }
+    records = [StepRecord(s.name, s.what, command_text(s, out_dir)) for s in steps]
+    old_steps = previous.get("steps", [])
+    record["steps"] = merge_steps(old_steps, records)
+    write_record(out_dir, record)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    python = python or sys.executable
+    failed = False
+    for i, step in enumerate(steps):
+        reason = _needs_a_gpu(box, None) or step.skip(box, record.get("probe"))
+        if reason:
+            records[i].status, records[i].reason = "skipped", reason
+            print(f"bringup: {step.name}: skipped ({reason})", flush=True)
+        else:
+            print(f"bringup: {step.name}: {records[i].command}", flush=True)
+            records[i] = run_step(step, out_dir, python, args.step_timeout, env)
+            if step.name == "build":
+                record["probe"] = (
+                    read_probe(out_dir / records[i].log) if records[i].status == "passed" else None
+                )
+            failed |= records[i].status != "passed"
+            print(
+                f"bringup: {step.name}: {records[i].status} (exit {records[i].rc}, {records[i].seconds:.0f} s)",
+                flush=True,
+            )
+        record["steps"] = merge_steps(old_steps, records)
+        write_record(out_dir, record)
+    print(
+        f"bringup: {'some steps failed' if failed else 'every step that ran passed'} -> {_shown(out_dir)}/README.md"
+    )
+    return 1 if failed else 0
+
+
+def register_cli(sub: Any) -> None:
+    p = sub.add_parser(
+        "bringup",
+        help="the first run on a new box: GPU tests, parity, sweeps, mma.sync's ceiling, A/Bs, TP, one folder",
+        description=__doc__.split("\n\n", 1)[0],
+    )
+    p.add_argument(
+        "--only", metavar="STEPS", help=f"run only these steps (comma-separated): {', '.join(STEP_NAMES)}"
+    )
+    p.add_argument("--skip", metavar="STEPS", help="run every step but these (comma-separated)")
+    p.add_argument(
+        "--out", metavar="DIR", help="the run's folder (default: reports/<time>-bringup-<gpu>-<sha7>)"
+    )
+    p.add_argument("--list", action="store_true", help="print the steps and their commands; run nothing")
+    p.add_argument(
+        "--step-timeout",
+        type=_seconds,
+        metavar="S",
+        help="kill a step still running after S seconds (default: per step)",
+    )
+    p.set_defaults(func=main)
+
+
+if __name__ == "__main__":  # the build step: python -m harness.bringup --probe
+    if sys.argv[1:] != ["--probe"]:
+        sys.exit(
+            "usage: python -m harness.bringup --probe (the build step; the bring-up is python -m harness bringup)"
+        )
+    sys.exit(probe())

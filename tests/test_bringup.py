@@ -1,0 +1,353 @@
+"""The bring-up command (harness/bringup.py) and mma.sync's microbenchmark (harness/mma_peak.py).
+
+The plan, the skips and the record are checked on the CPU machine with stand-in steps (child
+processes of this Python that pass, fail, hang or write a report folder); the real steps are
+the project's own commands, tested where they live. The microbenchmark is compiled for sm_90
+and sm_120 here (nvcc needs no GPU); running it needs one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import bringup, mma_peak
+from harness.bringup import Box, Step
+
+
+def _args(**kw) -> argparse.Namespace:
+    base = {"only": None, "skip": None, "out": None, "list": False, "step_timeout": None}
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def _py(code: str) -> tuple[str, ...]:
+    return ("-c", code)
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan
+
+
+def _by_name(steps):
+    return {s.name: s for s in steps}
+
+
+def test_one_gpu_sweeps_plainly_and_skips_tp_with_its_reason() -> None:
+    steps = _by_name(bringup.plan(Box(gpus=1, name="NVIDIA H200", capability="9.0")))
+    assert "--gpus" not in steps["sweep"].argv and "--gpus" not in steps["sweep-sm120"].argv
+    assert steps["tp"].skip(Box(gpus=1), None) == "tensor-parallel timing needs 2 GPUs or more; 1 visible"
+
+
+@pytest.mark.parametrize(("gpus", "tp"), [(2, "2"), (3, "2"), (4, "4"), (7, "4"), (8, "8"), (16, "8")])
+def test_several_gpus_spread_the_sweeps_and_time_the_widest_tp(gpus: int, tp: str) -> None:
+    steps = _by_name(bringup.plan(Box(gpus=gpus)))
+    assert steps["sweep"].argv[-2:] == ("--gpus", "all") and steps["sweep-sm120"].argv[-2:] == (
+        "--gpus",
+        "all",
+    )
+    assert steps["tp"].argv[-2:] == ("--tp", tp) and steps["tp"].skip(Box(gpus=gpus), None) is None
+
+
+def test_the_steps_run_in_the_documented_order() -> None:
+    assert bringup.STEP_NAMES == (
+        "build", "gpu-tests", "sanitizer", "parity", "sweep", "sweep-sm120", "mma-peak",
+        "ab-shape-32", "ab-shape-48", "ab-combine", "tp",
+    )  # fmt: skip
+    for name in bringup.STEP_NAMES:
+        assert f"    {name} " in bringup.__doc__, f"{name} is missing from the module's list of steps"
+
+
+def test_the_shape_ab_runs_only_where_auto_takes_the_mma_sync_configs() -> None:
+    step = _by_name(bringup.plan(Box(gpus=1)))["ab-shape-32"]
+    assert "probe did not run" in step.skip(Box(gpus=1), None)
+    wgmma = {"auto": {"P=4k H=8 T=16": "wgmma-ws", "P=64k H=64 T=16": "wgmma-ws-pipe"}}
+    assert step.skip(Box(gpus=1), wgmma) == (
+        "auto takes wgmma-ws, wgmma-ws-pipe here, not small/small-m32: the shape rule does not apply"
+    )
+    assert step.skip(Box(gpus=1), {"auto": {"a": "small", "b": "small-m32"}}) is None
+
+
+@pytest.mark.parametrize(
+    ("only", "skip", "message"),
+    [
+        ("sweep,nope", None, "--only: unknown step(s) nope; the steps are build, gpu-tests"),
+        (None, "tp,x,y", "--skip: unknown step(s) x, y; the steps are"),
+    ],
+)
+def test_an_unknown_step_name_is_an_error_naming_the_option(only, skip, message, capsys) -> None:
+    assert bringup.main(_args(only=only, skip=skip), box=Box(gpus=1)) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_only_and_skip_keep_the_plan_order() -> None:
+    steps = bringup.select(bringup.plan(Box(gpus=2)), ["tp", "parity", "build"], None)
+    assert [s.name for s in steps] == ["build", "parity", "tp"]
+    steps = bringup.select(bringup.plan(Box(gpus=2)), None, ["gpu-tests", "sanitizer"])
+    assert [s.name for s in steps][:3] == ["build", "parity", "sweep"]
+
+
+def test_list_prints_every_command_and_runs_nothing(tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    assert bringup.main(_args(list=True, out=str(out)), box=Box(gpus=2)) == 0
+    text = capsys.readouterr().out
+    assert "sweep        python -m harness sweep --grid default --gpus all" in text
+    assert f"python -m harness mma-peak --out {out}" in text
+    assert "tp           python -m harness sweep --grid default --tp 2\n" in text
+    assert "only where auto takes small/small-m32" in text
+    assert not out.exists()
+
+
+def test_a_box_without_a_gpu_skips_every_step_and_says_why(tmp_path) -> None:
+    out = tmp_path / "run"
+    assert bringup.main(_args(out=str(out)), box=Box(gpus=0)) == 0
+    record = json.loads((out / "bringup.json").read_text())
+    assert {s["status"] for s in record["steps"]} == {"skipped"}
+    assert {s["reason"] for s in record["steps"]} == {"no CUDA device is visible to torch"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Running: stand-in steps
+
+
+@pytest.fixture()
+def reports(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "reports"
+    root.mkdir()
+    monkeypatch.setattr(bringup, "REPORTS_DIR", root)
+    return root
+
+
+def _steps(reports: Path) -> list[Step]:
+    record = reports / "run" / "bringup.json"
+    return [
+        Step(
+            "build",
+            "stand-in",
+            _py(f'print(\'built\'); print({bringup.PROBE_PREFIX!r} + \'{{"auto": {{"x": "small"}}}}\')'),
+            60,
+        ),
+        Step("gpu-tests", "stand-in", _py("import sys; print('2 failed'); sys.exit(1)"), 60),
+        Step(
+            "parity",
+            "stand-in",
+            _py(
+                f"import json, pathlib; r = json.loads(pathlib.Path({str(record)!r}).read_text());"
+                "print({s['name']: s['status'] for s in r['steps']});"
+                f"pathlib.Path({str(reports / '20990101T000000-parity-x-1234567')!r}).mkdir()"
+            ),
+            60,
+        ),
+        Step("sweep", "stand-in", _py("import time; time.sleep(30)"), 60),
+        Step("ab-shape-32", "stand-in", _py("print('ab')"), 60, bringup._needs_mma_sync_auto),
+        Step("tp", "stand-in", _py("print('tp')"), 60, bringup._needs_two_gpus),
+    ]
+
+
+def test_every_step_runs_and_is_recorded_even_after_a_failure(reports, capsys) -> None:
+    out = reports / "run"
+    rc = bringup.main(
+        _args(out=str(out), step_timeout=3),
+        box=Box(gpus=1, name="GPU"),
+        python=sys.executable,
+        steps=_steps(reports),
+    )
+    assert rc == 1
+    record = json.loads((out / "bringup.json").read_text())
+    steps = {s["name"]: s for s in record["steps"]}
+    assert [s["name"] for s in record["steps"]] == [
+        "build",
+        "gpu-tests",
+        "parity",
+        "sweep",
+        "ab-shape-32",
+        "tp",
+    ]
+    assert steps["build"]["status"] == "passed" and record["probe"] == {"auto": {"x": "small"}}
+    assert steps["gpu-tests"]["status"] == "failed" and steps["gpu-tests"]["rc"] == 1
+    assert "2 failed" in (out / "gpu-tests.log").read_text()
+    # each step's record is on disk before the next one starts
+    assert (
+        "{'build': 'passed', 'gpu-tests': 'failed', 'parity': 'not-run'" in (out / "parity.log").read_text()
+    )
+    assert steps["parity"]["reports"] == ["20990101T000000-parity-x-1234567"]
+    assert (
+        steps["sweep"]["status"] == "timed-out"
+        and steps["sweep"]["reason"] == "killed after 3 s (--step-timeout)"
+    )
+    assert steps["ab-shape-32"]["status"] == "passed"  # the probe said auto takes small here
+    assert steps["tp"]["status"] == "skipped" and "needs 2 GPUs" in steps["tp"]["reason"]
+    readme = (out / "README.md").read_text()
+    assert (
+        "| gpu-tests | **failed** | 1 |" in readme
+        and "`auto` here (the build step's probe): x: small." in readme
+    )
+    assert "3 passed, 1 failed, 1 timed-out, 1 skipped." in readme
+    assert record["command"] == f"python -m harness bringup --out {out} --step-timeout 3"
+    assert "bringup: some steps failed" in capsys.readouterr().out
+
+
+def test_a_failed_build_leaves_the_shape_ab_skipped_with_its_reason(reports) -> None:
+    out = reports / "run"
+    steps = [Step("build", "stand-in", _py("raise SystemExit(3)"), 60), *_steps(reports)[4:5]]
+    assert bringup.main(_args(out=str(out)), box=Box(gpus=1), python=sys.executable, steps=steps) == 1
+    record = json.loads((out / "bringup.json").read_text())
+    assert [(s["name"], s["status"], s["rc"]) for s in record["steps"]] == [
+        ("build", "failed", 3),
+        ("ab-shape-32", "skipped", None),
+    ]
+    assert record["probe"] is None and "probe did not run" in record["steps"][1]["reason"]
+
+
+def test_a_second_run_into_the_same_folder_replaces_only_its_steps(reports) -> None:
+    out = reports / "run"
+    steps = _steps(reports)
+    assert (
+        bringup.main(_args(out=str(out), skip="sweep"), box=Box(gpus=1), python=sys.executable, steps=steps)
+        == 1
+    )
+    first = json.loads((out / "bringup.json").read_text())
+    shutil.rmtree(reports / "20990101T000000-parity-x-1234567")
+    rc = bringup.main(_args(out=str(out), only="tp"), box=Box(gpus=2), python=sys.executable, steps=steps)
+    assert rc == 0
+    second = json.loads((out / "bringup.json").read_text())
+    assert second["created_utc"] == first["created_utc"] and second["probe"] == first["probe"]
+    old, new = ({s["name"]: s for s in r["steps"]} for r in (first, second))
+    assert old["tp"]["status"] == "skipped" and new["tp"]["status"] == "passed"
+    assert [new[n] for n in ("build", "gpu-tests", "parity")] == [
+        old[n] for n in ("build", "gpu-tests", "parity")
+    ]
+
+
+def test_a_folder_holding_another_record_is_refused(reports, capsys) -> None:
+    out = reports / "run"
+    out.mkdir()
+    (out / "bringup.json").write_text('{"schema": "verify-attention/results"}')
+    assert (
+        bringup.main(_args(out=str(out)), box=Box(gpus=1), python=sys.executable, steps=_steps(reports)[:1])
+        == 2
+    )
+    assert "is not a bringup record (schema 'verify-attention/results')" in capsys.readouterr().err
+    (out / "bringup.json").write_text("{not json")
+    assert (
+        bringup.main(_args(out=str(out)), box=Box(gpus=1), python=sys.executable, steps=_steps(reports)[:1])
+        == 2
+    )
+    assert "bringup.json there is unreadable" in capsys.readouterr().err
+
+
+def test_the_probe_is_the_last_probe_line_of_the_build_log(tmp_path) -> None:
+    log = tmp_path / "build.log"
+    log.write_text(
+        f'built\n{bringup.PROBE_PREFIX}{{bad\n{bringup.PROBE_PREFIX}{{"auto": {{"a": "small"}}}}\ntail\n'
+    )
+    assert bringup.read_probe(log) == {"auto": {"a": "small"}}
+    log.write_text("no probe here\n")
+    assert bringup.read_probe(log) is None
+    assert bringup.read_probe(tmp_path / "missing.log") is None
+
+
+def test_the_probe_module_entry_refuses_other_arguments(tmp_path) -> None:
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.bringup"], capture_output=True, text=True, cwd=bringup.ROOT
+    )
+    assert done.returncode == 1 and "usage: python -m harness.bringup --probe" in done.stderr
+
+
+def test_the_cli_lists_the_steps(capsys) -> None:
+    from harness.cli import main as cli_main
+
+    assert cli_main(["bringup", "--list", "--only", "build,tp"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("build        python -m harness.bringup --probe")
+    assert len(out.splitlines()) == 2
+    with pytest.raises(SystemExit):
+        cli_main(["bringup", "--step-timeout", "-3"])
+    assert "expected a positive number of seconds, got '-3'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# mma-peak
+
+
+LINE = '{"mode": 1, "acc": 8, "warps_per_cta": 8, "ctas_per_sm": 1, "ms": 1.08, "tflops": 639.2, "of_matmul": 0.818}'
+
+
+def test_the_microbenchmarks_lines_are_parsed_and_the_best_picked() -> None:
+    text = (
+        "matmul 781\n"
+        + LINE
+        + "\n"
+        + LINE.replace('"mode": 1', '"mode": 0').replace("639.2", "614.1")
+        + "\nrc=0\n"
+    )
+    runs = mma_peak.parse_runs(text)
+    assert [r["mode"] for r in runs] == [1, 0]
+    assert mma_peak.best_run(runs).tflops == 639.2 and mma_peak.best_run(runs, 0).tflops == 614.1
+    with pytest.raises(mma_peak.MmaPeakError, match="no run of mode 2"):
+        mma_peak.best_run(runs, 2)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("nothing\n", "printed no result line"),
+        ('{"mode": 0,\n', "unreadable result line"),
+        ('{"mode": 0, "acc": 4}\n', "lacks warps_per_cta, ctas_per_sm, ms, tflops, of_matmul"),
+    ],
+)
+def test_unusable_output_is_an_error_saying_why(text: str, message: str) -> None:
+    with pytest.raises(mma_peak.MmaPeakError, match=message):
+        mma_peak.parse_runs(text)
+
+
+def test_the_arch_comes_from_the_compute_capability() -> None:
+    assert mma_peak.arch_of((12, 0)) == "120" and mma_peak.arch_of((9, 0)) == "90"
+    with pytest.raises(mma_peak.MmaPeakError, match="compute capability 7.5: mma.sync bf16 needs 8.0"):
+        mma_peak.arch_of((7, 5))
+
+
+def test_a_bad_matmul_rate_is_an_error_naming_the_option(capsys) -> None:
+    from harness.cli import main as cli_main
+
+    with pytest.raises(SystemExit):
+        cli_main(["mma-peak", "--matmul-tflops", "zero"])
+    assert "--matmul-tflops: expected a positive number of TFLOP/s, got 'zero'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
+def test_the_microbenchmark_builds_for_sm90_and_sm120_once(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("VERIFY_ATTN_BUILD_DIR", str(tmp_path))
+    for arch in ("90", "120"):
+        binary = mma_peak.build(arch)
+        assert binary.is_file() and "mma_peak_" in binary.parent.name
+        stamp = binary.stat().st_mtime_ns
+        assert mma_peak.build(arch) == binary and binary.stat().st_mtime_ns == stamp  # cached
+    assert len(list(tmp_path.glob("mma_peak_*/mma_peak"))) == 2
+    assert not list(tmp_path.glob("mma_peak_*/.mma_peak.*"))  # no partial builds left behind
+
+
+@pytest.mark.gpu
+def test_the_microbenchmark_runs_on_this_gpu(tmp_path, capsys) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from harness.cli import main as cli_main
+
+    assert cli_main(["mma-peak", "--matmul-tflops", "1000", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / mma_peak.OUTPUT_FILE).read_text())
+    assert record["schema"] == mma_peak.SCHEMA and record["matmul_source"] == "given (--matmul-tflops)"
+    assert len(record["runs"]) == 21 and {r["mode"] for r in record["runs"]} == {0, 1}
+    assert all(
+        r["tflops"] > 0 and r["of_matmul"] == pytest.approx(r["tflops"] / 1000, abs=1e-3)
+        for r in record["runs"]
+    )
+    assert record["best"]["tflops"] == max(r["tflops"] for r in record["runs"])
+    assert "best " in capsys.readouterr().out
