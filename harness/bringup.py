@@ -263,10 +263,13 @@ def render_readme(record: dict[str, Any]) -> str:
         f"# Bring-up of {box.get('name') or 'a box without a GPU'} ({box.get('gpus', 0)} GPU(s), "
         f"compute capability {box.get('capability') or '-'}) at {(git.get('sha') or 'an unknown commit')[:7]}",
         "",
-        f"`{record.get('command', '')}`, {record.get('updated_utc', '')}. Written by `python -m harness bringup`"
-        " (harness/bringup.py); each step's log is beside this file.",
+        "Written by `python -m harness bringup` (harness/bringup.py); each step's log is beside this file.",
         "",
     ]
+    runs = record.get("commands") or [
+        {"command": record.get("command", ""), "started_utc": record.get("updated_utc", "")}
+    ]
+    lines += [f"- `{r['command']}`, {r['started_utc']}" for r in runs] + [""]
     probe = record.get("probe")
     if probe:
         auto = ", ".join(f"{k}: {v}" for k, v in sorted((probe.get("auto") or {}).items()))
@@ -472,6 +475,7 @@ def main(
         "schema_version": SCHEMA_VERSION,
         "created_utc": previous.get("created_utc") or _now(),
         "command": invocation(args),
+        "commands": [*previous.get("commands", []), {"command": invocation(args), "started_utc": _now()}],
         "git": git,
         "box": asdict(box),
         "probe": previous.get("probe"),

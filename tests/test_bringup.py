@@ -222,6 +222,13 @@ def test_a_second_run_into_the_same_folder_replaces_only_its_steps(reports) -> N
     assert [new[n] for n in ("build", "gpu-tests", "parity")] == [
         old[n] for n in ("build", "gpu-tests", "parity")
     ]
+    assert [c["command"] for c in second["commands"]] == [
+        f"python -m harness bringup --skip sweep --out {out}",
+        f"python -m harness bringup --only tp --out {out}",
+    ]
+    readme = (out / "README.md").read_text()
+    assert f"- `python -m harness bringup --skip sweep --out {out}`, " in readme
+    assert f"- `python -m harness bringup --only tp --out {out}`, " in readme
 
 
 def test_a_folder_holding_another_record_is_refused(reports, capsys) -> None:
