@@ -26,7 +26,8 @@ run goes on and exits 1 at the end.
 
 Everything goes into one folder, ``reports/<UTC time>-bringup-<gpu>-<sha7>/`` (or ``--out``):
 each step's log (``<step>.log``), ``mma-peak.json``, and ``bringup.json`` + ``README.md``
-(each step: its command, status, exit code, seconds, the report folders it wrote). Those two
+(each step: its command, status, exit code, seconds, the report folders it wrote, its log's last
+line; a pytest step whose every test skipped is recorded ``skipped``, not ``passed``). Those two
 are rewritten after every step, atomically, so a run cut short leaves the record of the steps
 it finished. The other steps write their own report folders under ``reports/`` as usual.
 
@@ -44,6 +45,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -133,6 +135,7 @@ def plan(box: Box) -> list[Step]:
                 "-q",
                 "-p",
                 "no:cacheprovider",
+                "-rs",
                 *_xdist(),
                 "tests",
                 "--ignore=tests/test_kernel_sanitizer.py",
@@ -142,7 +145,17 @@ def plan(box: Box) -> list[Step]:
         Step(
             "sanitizer",
             "compute-sanitizer memcheck and racecheck",
-            ("-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests/test_kernel_sanitizer.py"),
+            (
+                "-m",
+                "pytest",
+                "-m",
+                "gpu",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-rs",
+                "tests/test_kernel_sanitizer.py",
+            ),
             900,
         ),
         Step(
@@ -223,6 +236,7 @@ class StepRecord:
     reports: list[str] = field(default_factory=list)
     reason: str = ""
     started_utc: str | None = None
+    summary: str = ""  # the log's last line: pytest's counts, a sweep's rows and errors, ...
 
 
 def _now() -> str:
@@ -274,13 +288,17 @@ def render_readme(record: dict[str, Any]) -> str:
     if probe:
         auto = ", ".join(f"{k}: {v}" for k, v in sorted((probe.get("auto") or {}).items()))
         lines += [f"`auto` here (the build step's probe): {auto}.", ""]
-    lines += ["| step | status | exit | seconds | reports | command / reason |", "|---|---|---|---|---|---|"]
+    lines += [
+        "| step | status | exit | seconds | reports | command / reason | last line of its log |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for s in record.get("steps", []):
         secs = "" if s.get("seconds") is None else f"{s['seconds']:.0f}"
         rc = "" if s.get("rc") is None else str(s["rc"])
         reports = "<br>".join(f"`{r}`" for r in s.get("reports", [])) or ""
         detail = s.get("reason") if s.get("status") == "skipped" else f"`{s.get('command', '')}`"
-        lines.append(f"| {s['name']} | **{s['status']}** | {rc} | {secs} | {reports} | {detail} |")
+        last = (s.get("summary") or "").replace("|", "\\|")
+        lines.append(f"| {s['name']} | **{s['status']}** | {rc} | {secs} | {reports} | {detail} | {last} |")
     totals = {st: sum(1 for s in record.get("steps", []) if s.get("status") == st) for st in STATUSES}
     lines += ["", ", ".join(f"{v} {k}" for k, v in totals.items() if v) + "."]
     return "\n".join(lines) + "\n"
@@ -345,7 +363,34 @@ def run_step(
             raise
     rec.seconds = round(time.monotonic() - start, 1)
     rec.reports = sorted(_report_dirs() - before - {out_dir.name})
+    rec.summary = last_line(log)
+    if rec.status == "passed" and _is_pytest(step) and _all_skipped(rec.summary):
+        # a run whose every test skipped (no GPU, no compute-sanitizer, ...) proves nothing
+        rec.status, rec.reason = (
+            "skipped",
+            f"every test skipped ({rec.summary}); the log's short summary says why",
+        )
     return rec
+
+
+def last_line(log: Path) -> str:
+    """The log's last non-empty line (a progress bar's carriage returns end lines too)."""
+    text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
+    return next((line.strip()[:300] for line in reversed(text.splitlines()) if line.strip()), "")
+
+
+def _is_pytest(step: Step) -> bool:
+    return step.argv[:2] == ("-m", "pytest")
+
+
+def _all_skipped(summary: str) -> bool:
+    """pytest's summary counts skipped tests and none that passed or failed."""
+    counts = dict(
+        (name, int(n)) for n, name in re.findall(r"(\d+) (passed|failed|skipped|error|errors)\b", summary)
+    )
+    return counts.get("skipped", 0) > 0 and not any(
+        counts.get(k) for k in ("passed", "failed", "error", "errors")
+    )
 
 
 def read_probe(log: Path) -> dict[str, Any] | None:
@@ -499,16 +544,18 @@ def main(
                 record["probe"] = (
                     read_probe(out_dir / records[i].log) if records[i].status == "passed" else None
                 )
-            failed |= records[i].status != "passed"
+            failed |= records[i].status in ("failed", "timed-out")
             print(
                 f"bringup: {step.name}: {records[i].status} (exit {records[i].rc}, {records[i].seconds:.0f} s)",
                 flush=True,
             )
         record["steps"] = merge_steps(old_steps, records)
         write_record(out_dir, record)
-    print(
-        f"bringup: {'some steps failed' if failed else 'every step that ran passed'} -> {_shown(out_dir)}/README.md"
-    )
+    skipped = [r.name for r in records if r.status == "skipped"]
+    verdict = "some steps failed" if failed else "no step failed"
+    if skipped:
+        verdict += f" ({len(skipped)} skipped: {', '.join(skipped)})"
+    print(f"bringup: {verdict} -> {_shown(out_dir)}/README.md")
     return 1 if failed else 0
 
 

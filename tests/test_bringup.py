@@ -358,3 +358,45 @@ def test_the_microbenchmark_runs_on_this_gpu(tmp_path, capsys) -> None:
     )
     assert record["best"]["tflops"] == max(r["tflops"] for r in record["runs"])
     assert "best " in capsys.readouterr().out
+
+
+def test_a_pytest_step_whose_every_test_skipped_is_skipped_not_passed(reports, tmp_path) -> None:
+    tests = tmp_path / "t"
+    tests.mkdir()
+    (tests / "test_a.py").write_text(
+        "import pytest\n\ndef test_x():\n    pytest.skip('compute-sanitizer is not on the PATH')\n"
+    )
+    (tests / "test_b.py").write_text("def test_y():\n    assert True\n")
+    pytest_argv = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs")
+    steps = [
+        Step("sanitizer", "stand-in", (*pytest_argv, str(tests / "test_a.py")), 120),
+        Step("gpu-tests", "stand-in", (*pytest_argv, str(tests)), 120),
+        Step("sweep", "stand-in", _py("print('progress\\r164 rows, 0 errors -> x/index.html')"), 60),
+    ]
+    out = reports / "run"
+    assert bringup.main(_args(out=str(out)), box=Box(gpus=1), python=sys.executable, steps=steps) == 0
+    record = {s["name"]: s for s in json.loads((out / "bringup.json").read_text())["steps"]}
+    sanitizer, gpu_tests = record["sanitizer"], record["gpu-tests"]
+    assert sanitizer["status"] == "skipped" and sanitizer["rc"] == 0
+    assert sanitizer["summary"].startswith("1 skipped in ")
+    assert sanitizer["reason"].startswith("every test skipped (1 skipped in ")
+    assert "compute-sanitizer is not on the PATH" in (out / "sanitizer.log").read_text()  # -rs
+    assert gpu_tests["status"] == "passed" and gpu_tests["summary"].startswith("1 passed, 1 skipped in ")
+    assert record["sweep"]["summary"] == "164 rows, 0 errors -> x/index.html"
+    assert "| 164 rows, 0 errors -> x/index.html |" in (out / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("summary", "all_skipped"),
+    [
+        ("2 skipped in 0.1s", True),
+        ("2 skipped, 1 warning in 0.1s", True),
+        ("1 passed, 2 skipped in 0.1s", False),
+        ("1 failed, 2 skipped in 0.1s", False),
+        ("1 error, 2 skipped in 0.1s", False),
+        ("142 passed, 1 warning in 177.92s (0:02:57)", False),
+        ("no tests ran in 0.01s", False),
+    ],
+)
+def test_all_skipped_reads_pytests_counts(summary: str, all_skipped: bool) -> None:
+    assert bringup._all_skipped(summary) is all_skipped
