@@ -64,7 +64,7 @@ SCHEMA = "verify-attention/bringup"
 SCHEMA_VERSION = 1
 PROBE_PREFIX = "bringup-probe: "
 MMA_SYNC_CONFIGS = ("small", "small-m32")
-STATUSES = ("passed", "failed", "timed-out", "skipped", "not-run")
+STATUSES = ("passed", "failed", "timed-out", "interrupted", "skipped", "not-run")
 
 
 @dataclass(frozen=True)
@@ -539,7 +539,13 @@ def main(
             print(f"bringup: {step.name}: skipped ({reason})", flush=True)
         else:
             print(f"bringup: {step.name}: {records[i].command}", flush=True)
-            records[i] = run_step(step, out_dir, python, args.step_timeout, env)
+            try:
+                records[i] = run_step(step, out_dir, python, args.step_timeout, env)
+            except KeyboardInterrupt:  # the child is killed; the record says where the run stopped
+                records[i].status, records[i].reason = "interrupted", "stopped by the user (Ctrl-C)"
+                record["steps"] = merge_steps(old_steps, records)
+                write_record(out_dir, record)
+                raise
             if step.name == "build":
                 record["probe"] = (
                     read_probe(out_dir / records[i].log) if records[i].status == "passed" else None

@@ -400,3 +400,25 @@ def test_a_pytest_step_whose_every_test_skipped_is_skipped_not_passed(reports, t
 )
 def test_all_skipped_reads_pytests_counts(summary: str, all_skipped: bool) -> None:
     assert bringup._all_skipped(summary) is all_skipped
+
+
+def test_an_interrupted_run_records_the_step_it_stopped_in(reports, monkeypatch) -> None:
+    out = reports / "run"
+    real = bringup.run_step
+
+    def run_then_interrupt(step, *a, **kw):
+        if step.name == "parity":
+            raise KeyboardInterrupt
+        return real(step, *a, **kw)
+
+    monkeypatch.setattr(bringup, "run_step", run_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        bringup.main(_args(out=str(out)), box=Box(gpus=1), python=sys.executable, steps=_steps(reports)[:4])
+    record = {s["name"]: s for s in json.loads((out / "bringup.json").read_text())["steps"]}
+    assert [record[n]["status"] for n in ("build", "gpu-tests", "parity", "sweep")] == [
+        "passed",
+        "failed",
+        "interrupted",
+        "not-run",
+    ]
+    assert "1 interrupted" in (out / "README.md").read_text()
