@@ -57,6 +57,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from harness.cli import positive_number
+
 ROOT = Path(__file__).resolve().parent.parent
 REPORTS_DIR = ROOT / "reports"
 RECORD_FILE = "bringup.json"
@@ -89,6 +91,11 @@ class Step:
 
 def _xdist() -> tuple[str, ...]:
     return ("-n", "8") if importlib.util.find_spec("xdist") is not None else ()
+
+
+def _pytest_gpu(*args: str) -> tuple[str, ...]:
+    """``python -m pytest`` of the gpu-marked tests, quiet, skip reasons in the summary (-rs)."""
+    return ("-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rs", *args)
 
 
 def _needs_mma_sync_auto(box: Box, probe: dict[str, Any] | None) -> str | None:
@@ -127,35 +134,13 @@ def plan(box: Box) -> list[Step]:
         Step(
             "gpu-tests",
             "pytest -m gpu (all but the sanitizer tests)",
-            (
-                "-m",
-                "pytest",
-                "-m",
-                "gpu",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-                "-rs",
-                *_xdist(),
-                "tests",
-                "--ignore=tests/test_kernel_sanitizer.py",
-            ),
+            _pytest_gpu(*_xdist(), "tests", "--ignore=tests/test_kernel_sanitizer.py"),
             1800,
         ),
         Step(
             "sanitizer",
             "compute-sanitizer memcheck and racecheck",
-            (
-                "-m",
-                "pytest",
-                "-m",
-                "gpu",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-                "-rs",
-                "tests/test_kernel_sanitizer.py",
-            ),
+            _pytest_gpu("tests/test_kernel_sanitizer.py"),
             900,
         ),
         Step(
@@ -473,16 +458,6 @@ def _names(text: str | None) -> list[str] | None:
     return [x.strip() for x in text.split(",") if x.strip()] if text else None
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
-
-
 def main(
     args: argparse.Namespace,
     box: Box | None = None,
@@ -581,7 +556,7 @@ def register_cli(sub: Any) -> None:
     p.add_argument("--list", action="store_true", help="print the steps and their commands; run nothing")
     p.add_argument(
         "--step-timeout",
-        type=_seconds,
+        type=positive_number("seconds"),
         metavar="S",
         help="kill a step still running after S seconds (default: per step)",
     )

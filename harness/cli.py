@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
 
 COMMANDS = (
     "harness.bundles",
@@ -20,6 +21,21 @@ COMMANDS = (
     "harness.mma_peak",
     "harness.bringup",
 )
+
+
+def positive_number(what: str) -> Callable[[str], float]:
+    """An argparse ``type``: a number > 0, its error naming the unit (``what``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number of {what}, got {text!r}")
+        return value
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,6 +32,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from harness.cli import positive_number
+
 SOURCE = Path(__file__).with_name("mma_peak.cu")
 OUTPUT_FILE = "mma-peak.json"
 SCHEMA = "verify-attention/mma-peak"
@@ -142,16 +144,6 @@ def default_out_dir(now: datetime, gpu_name: str | None, sha: str | None) -> Pat
     return REPORTS_DIR / f"{now:%Y%m%dT%H%M%S}-mma-peak-{_slug(gpu_name or 'cpu')}-{(sha or 'nogit')[:7]}"
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number of TFLOP/s, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of TFLOP/s, got {text!r}")
-    return value
-
-
 def main(args: argparse.Namespace) -> int:
     import torch
 
@@ -236,7 +228,7 @@ def register_cli(sub: Any) -> None:
     )
     p.add_argument(
         "--matmul-tflops",
-        type=_positive,
+        type=positive_number("TFLOP/s"),
         metavar="X",
         help="the board's bf16 matmul TFLOP/s for the 'of matmul' column (default: measure it)",
     )
