@@ -57,7 +57,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from harness.cli import positive_number
+from harness.cli import positive_number, shown
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORTS_DIR = ROOT / "reports"
@@ -229,13 +229,7 @@ def _now() -> str:
 
 
 def command_text(step: Step, out_dir: Path) -> str:
-    return shlex.join(["python", *(a.replace("{out}", str(_shown(out_dir))) for a in step.argv)])
-
-
-def _shown(path: Path) -> Path:
-    with contextlib.suppress(ValueError):
-        return Path(path).resolve().relative_to(ROOT)
-    return Path(path)
+    return shlex.join(["python", *(a.replace("{out}", str(shown(out_dir))) for a in step.argv)])
 
 
 def load_record(out_dir: Path) -> dict[str, Any] | None:
@@ -322,7 +316,7 @@ def run_step(
     rec = StepRecord(step.name, step.what, command_text(step, out_dir), started_utc=_now())
     log = out_dir / f"{step.name}.log"
     rec.log = log.name
-    argv = [python, *(a.replace("{out}", str(out_dir)) for a in step.argv)]
+    argv = [python, *(a.replace("{out}", str(shown(out_dir))) for a in step.argv)]
     before = _report_dirs()
     limit = timeout_s if timeout_s is not None else step.timeout_s
     start = time.monotonic()
@@ -448,7 +442,7 @@ def invocation(args: argparse.Namespace) -> str:
     argv = ["python", "-m", "harness", "bringup"]
     for option, value in (("--only", args.only), ("--skip", args.skip), ("--out", args.out)):
         if value:
-            argv += [option, str(_shown(Path(value))) if option == "--out" else value]
+            argv += [option, str(shown(Path(value))) if option == "--out" else value]
     if args.step_timeout:
         argv += ["--step-timeout", f"{args.step_timeout:g}"]
     return shlex.join(argv)
@@ -536,7 +530,7 @@ def main(
     verdict = "some steps failed" if failed else "no step failed"
     if skipped:
         verdict += f" ({len(skipped)} skipped: {', '.join(skipped)})"
-    print(f"bringup: {verdict} -> {_shown(out_dir)}/README.md")
+    print(f"bringup: {verdict} -> {shown(out_dir)}/README.md")
     return 1 if failed else 0
 
 

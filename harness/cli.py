@@ -7,9 +7,13 @@ parser and sets ``func`` to a callable taking the parsed namespace and returning
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 from collections.abc import Callable
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 COMMANDS = (
     "harness.bundles",
@@ -21,6 +25,14 @@ COMMANDS = (
     "harness.mma_peak",
     "harness.bringup",
 )
+
+
+def shown(path: Path | str) -> Path:
+    """``path`` as a command prints it: relative to the repository root when inside it (so logs
+    and records name ``reports/...``, not the machine's checkout), else as given."""
+    with contextlib.suppress(ValueError):
+        return Path(path).resolve().relative_to(REPO_ROOT)
+    return Path(path)
 
 
 def positive_number(what: str) -> Callable[[str], float]:

@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from harness.cli import positive_number
+from harness.cli import positive_number, shown
 
 SOURCE = Path(__file__).with_name("mma_peak.cu")
 OUTPUT_FILE = "mma-peak.json"
@@ -215,7 +215,7 @@ def main(args: argparse.Namespace) -> int:
             f"{r['tflops']:>8.1f} {r['of_matmul']:>9.3f}"
         )
     print(
-        f"best {best.tflops:.1f} TFLOP/s, {100 * best.of_matmul:.1f} % of the matmul -> {out_dir / OUTPUT_FILE}"
+        f"best {best.tflops:.1f} TFLOP/s, {100 * best.of_matmul:.1f} % of the matmul -> {shown(out_dir / OUTPUT_FILE)}"
     )
     return 0
 

@@ -34,6 +34,7 @@ import torch
 from harness import mutations, readout
 from harness.batch import V_DIM, VerifyBatch
 from harness.bundles import CANONICAL, Bundle, BundleError, load, to_batch
+from harness.cli import shown
 from harness.env import environment, git_info
 from harness.materialise import PoolMismatchError
 from harness.registry import Implementation, implementations
@@ -287,7 +288,7 @@ def _cmd_parity(args: argparse.Namespace) -> int:
             print(f"{r.status}: {r.impl} on {r.bundle}: {r.reason}")
     for note in notes:
         print(note)
-    print(f"wrote {out_dir}")
+    print(f"wrote {shown(out_dir)}")
     return code
 
 

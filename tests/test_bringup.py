@@ -422,3 +422,15 @@ def test_an_interrupted_run_records_the_step_it_stopped_in(reports, monkeypatch)
         "not-run",
     ]
     assert "1 interrupted" in (out / "README.md").read_text()
+
+
+def test_paths_inside_the_checkout_are_shown_relative_to_it(tmp_path) -> None:
+    from harness.cli import REPO_ROOT, shown
+
+    assert shown(REPO_ROOT / "reports" / "x") == Path("reports/x") and shown("reports/x") == Path("reports/x")
+    assert shown(tmp_path / "y") == tmp_path / "y"
+    step = _by_name(bringup.plan(Box(gpus=1)))["mma-peak"]
+    assert (
+        bringup.command_text(step, REPO_ROOT / "reports" / "r")
+        == "python -m harness mma-peak --out reports/r"
+    )
