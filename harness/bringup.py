@@ -6,6 +6,7 @@ the sm_120 configs' own grid, mma.sync's ceiling, the A/Bs of the choices made e
 the tensor-parallel steps. Each step is one of the project's own commands, run as a child
 process in this order:
 
+    box          nvidia-smi: the GPUs, the driver and clocks, how the GPUs are linked (topo -m)
     build        the kernel extension, and the configs ``auto`` takes here (a probe, no timing)
     gpu-tests    pytest -m gpu tests (the sanitizer tests apart; -n 8 where pytest-xdist is)
     sanitizer    pytest -m gpu tests/test_kernel_sanitizer.py (compute-sanitizer memcheck, racecheck)
@@ -47,6 +48,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -116,6 +118,10 @@ def _needs_two_gpus(box: Box, probe: dict[str, Any] | None) -> str | None:
     return None if tp_size(box.gpus) else f"tensor-parallel timing needs 2 GPUs or more; {box.gpus} visible"
 
 
+def _needs_nvidia_smi(box: Box, probe: dict[str, Any] | None) -> str | None:
+    return None if shutil.which("nvidia-smi") else "nvidia-smi is not on the PATH"
+
+
 def _needs_a_gpu(box: Box, probe: dict[str, Any] | None) -> str | None:
     return None if box.gpus >= 1 else "no CUDA device is visible to torch"
 
@@ -125,6 +131,13 @@ def plan(box: Box) -> list[Step]:
     spread = ("--gpus", "all") if box.gpus > 1 else ()
     n = tp_size(box.gpus) or 2
     return [
+        Step(
+            "box",
+            "the GPUs, driver and links (nvidia-smi)",
+            ("-m", "harness.bringup", "--box"),
+            120,
+            _needs_nvidia_smi,
+        ),
         Step(
             "build",
             "the kernel extension and the configs auto takes here",
@@ -557,9 +570,32 @@ def register_cli(sub: Any) -> None:
     p.set_defaults(func=main)
 
 
-if __name__ == "__main__":  # the build step: python -m harness.bringup --probe
-    if sys.argv[1:] != ["--probe"]:
+# What the box step records: the GPUs, the driver and clocks, and how the GPUs are linked.
+NVIDIA_SMI_QUERIES = (("-L",), (), ("topo", "-m"))
+
+
+def describe_box() -> int:
+    """The box step: each ``nvidia-smi`` query's output under a header; exits 1 if one fails."""
+    failed = 0
+    for args in NVIDIA_SMI_QUERIES:
+        cmd = ["nvidia-smi", *args]
+        print(f"$ {shlex.join(cmd)}", flush=True)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        print(done.stdout.rstrip() + (f"\n{done.stderr.rstrip()}" if done.stderr.strip() else ""), flush=True)
+        if done.returncode != 0:
+            print(f"(exit {done.returncode})", flush=True)
+            failed = 1
+    print(
+        f"box: {len(NVIDIA_SMI_QUERIES)} nvidia-smi queries, {'one or more failed' if failed else 'all answered'}"
+    )
+    return failed
+
+
+if __name__ == "__main__":  # the box and build steps: python -m harness.bringup --box | --probe
+    entries = {"--box": describe_box, "--probe": probe}
+    if len(sys.argv) != 2 or sys.argv[1] not in entries:
         sys.exit(
-            "usage: python -m harness.bringup --probe (the build step; the bring-up is python -m harness bringup)"
+            "usage: python -m harness.bringup --box | --probe (the bring-up's first two steps; "
+            "the bring-up is python -m harness bringup)"
         )
-    sys.exit(probe())
+    sys.exit(entries[sys.argv[1]]())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -56,6 +57,7 @@ def test_several_gpus_spread_the_sweeps_and_time_the_widest_tp(gpus: int, tp: st
 
 def test_the_steps_run_in_the_documented_order() -> None:
     assert bringup.STEP_NAMES == (
+        "box",
         "build", "gpu-tests", "sanitizer", "parity", "sweep", "sweep-sm120", "mma-peak",
         "ab-shape-32", "ab-shape-48", "ab-combine", "tp",
     )  # fmt: skip
@@ -76,7 +78,7 @@ def test_the_shape_ab_runs_only_where_auto_takes_the_mma_sync_configs() -> None:
 @pytest.mark.parametrize(
     ("only", "skip", "message"),
     [
-        ("sweep,nope", None, "--only: unknown step(s) nope; the steps are build, gpu-tests"),
+        ("sweep,nope", None, "--only: unknown step(s) nope; the steps are box, build, gpu-tests"),
         (None, "tp,x,y", "--skip: unknown step(s) x, y; the steps are"),
     ],
 )
@@ -89,7 +91,7 @@ def test_only_and_skip_keep_the_plan_order() -> None:
     steps = bringup.select(bringup.plan(Box(gpus=2)), ["tp", "parity", "build"], None)
     assert [s.name for s in steps] == ["build", "parity", "tp"]
     steps = bringup.select(bringup.plan(Box(gpus=2)), None, ["gpu-tests", "sanitizer"])
-    assert [s.name for s in steps][:3] == ["build", "parity", "sweep"]
+    assert [s.name for s in steps][:4] == ["box", "build", "parity", "sweep"]
 
 
 def test_list_prints_every_command_and_runs_nothing(tmp_path, capsys) -> None:
@@ -265,7 +267,7 @@ def test_the_probe_module_entry_refuses_other_arguments(tmp_path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "harness.bringup"], capture_output=True, text=True, cwd=bringup.ROOT
     )
-    assert done.returncode == 1 and "usage: python -m harness.bringup --probe" in done.stderr
+    assert done.returncode == 1 and "usage: python -m harness.bringup --box | --probe" in done.stderr
 
 
 def test_the_cli_lists_the_steps(capsys) -> None:
@@ -434,3 +436,23 @@ def test_paths_inside_the_checkout_are_shown_relative_to_it(tmp_path) -> None:
         bringup.command_text(step, REPO_ROOT / "reports" / "r")
         == "python -m harness mma-peak --out reports/r"
     )
+
+
+def test_the_box_step_records_each_nvidia_smi_query(tmp_path, monkeypatch, capsys) -> None:
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text(
+        '#!/bin/sh\nif [ "$1" = topo ]; then echo "no topology" >&2; exit 3; fi\necho "GPU 0: stand-in $*"\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    assert bringup._needs_nvidia_smi(Box(gpus=1), None) is None
+    assert bringup.describe_box() == 1
+    out = capsys.readouterr().out
+    assert (
+        "$ nvidia-smi -L\nGPU 0: stand-in -L" in out
+        and "$ nvidia-smi topo -m\n\nno topology\n(exit 3)" in out
+    )
+    assert out.rstrip().endswith("box: 3 nvidia-smi queries, one or more failed")
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert bringup._needs_nvidia_smi(Box(gpus=1), None) == "nvidia-smi is not on the PATH"
