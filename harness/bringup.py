@@ -59,10 +59,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from harness.cli import REPO_ROOT as ROOT
 from harness.cli import positive_number, shown
+from harness.results import REPORTS_DIR, run_folder
 
-ROOT = Path(__file__).resolve().parent.parent
-REPORTS_DIR = ROOT / "reports"
 RECORD_FILE = "bringup.json"
 SCHEMA = "verify-attention/bringup"
 SCHEMA_VERSION = 1
@@ -122,7 +122,7 @@ def _needs_nvidia_smi(box: Box, probe: dict[str, Any] | None) -> str | None:
     return None if shutil.which("nvidia-smi") else "nvidia-smi is not on the PATH"
 
 
-def _needs_a_gpu(box: Box, probe: dict[str, Any] | None) -> str | None:
+def _no_gpu(box: Box) -> str | None:
     return None if box.gpus >= 1 else "no CUDA device is visible to torch"
 
 
@@ -241,8 +241,14 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def step_argv(step: Step, out_dir: Path) -> list[str]:
+    """The step's arguments after ``python``, ``{out}`` as the run's folder (relative to the
+    checkout when inside it: the children run from its root)."""
+    return [a.replace("{out}", str(shown(out_dir))) for a in step.argv]
+
+
 def command_text(step: Step, out_dir: Path) -> str:
-    return shlex.join(["python", *(a.replace("{out}", str(shown(out_dir))) for a in step.argv)])
+    return shlex.join(["python", *step_argv(step, out_dir)])
 
 
 def load_record(out_dir: Path) -> dict[str, Any] | None:
@@ -329,7 +335,7 @@ def run_step(
     rec = StepRecord(step.name, step.what, command_text(step, out_dir), started_utc=_now())
     log = out_dir / f"{step.name}.log"
     rec.log = log.name
-    argv = [python, *(a.replace("{out}", str(shown(out_dir))) for a in step.argv)]
+    argv = [python, *step_argv(step, out_dir)]
     before = _report_dirs()
     limit = timeout_s if timeout_s is not None else step.timeout_s
     start = time.monotonic()
@@ -444,12 +450,6 @@ def detect_box() -> Box:
     return Box(gpus=torch.cuda.device_count(), name=props.name, capability=f"{props.major}.{props.minor}")
 
 
-def default_out_dir(now: datetime, box: Box, sha: str | None) -> Path:
-    from harness.parity import _slug
-
-    return REPORTS_DIR / f"{now:%Y%m%dT%H%M%S}-bringup-{_slug(box.name or 'cpu')}-{(sha or 'nogit')[:7]}"
-
-
 def invocation(args: argparse.Namespace) -> str:
     """The command line of this run, from its options."""
     argv = ["python", "-m", "harness", "bringup"]
@@ -481,13 +481,17 @@ def main(
         print(f"error: {e}", file=sys.stderr)
         return 2
     git = git_info()
-    out_dir = Path(args.out) if args.out else default_out_dir(datetime.now(timezone.utc), box, git.get("sha"))
+    out_dir = (
+        Path(args.out)
+        if args.out
+        else run_folder("bringup", box.name, git.get("sha"), datetime.now(timezone.utc))
+    )
     if args.list:
         for s in steps:
             if s.skip is _needs_mma_sync_auto:
                 note = "  [only where auto takes small/small-m32: the build step's probe decides]"
             else:
-                reason = _needs_a_gpu(box, None) or s.skip(box, None)
+                reason = _no_gpu(box) or s.skip(box, None)
                 note = f"  [skipped: {reason}]" if reason else ""
             print(f"{s.name:12s} {command_text(s, out_dir)}{note}")
         return 0
@@ -515,7 +519,7 @@ def main(
     python = python or sys.executable
     failed = False
     for i, step in enumerate(steps):
-        reason = _needs_a_gpu(box, None) or step.skip(box, record.get("probe"))
+        reason = _no_gpu(box) or step.skip(box, record.get("probe"))
         if reason:
             records[i].status, records[i].reason = "skipped", reason
             print(f"bringup: {step.name}: skipped ({reason})", flush=True)

@@ -138,17 +138,11 @@ def best_run(runs: list[dict[str, Any]], mode: int | None = None) -> Best:
     return Best(float(top["tflops"]), float(top["of_matmul"]), top)
 
 
-def default_out_dir(now: datetime, gpu_name: str | None, sha: str | None) -> Path:
-    from harness.parity import REPORTS_DIR, _slug
-
-    return REPORTS_DIR / f"{now:%Y%m%dT%H%M%S}-mma-peak-{_slug(gpu_name or 'cpu')}-{(sha or 'nogit')[:7]}"
-
-
 def main(args: argparse.Namespace) -> int:
     import torch
 
     from harness.env import environment, git_info
-    from harness.results import atomic_write_text
+    from harness.results import atomic_write_text, run_folder
 
     if not torch.cuda.is_available():
         print("error: mma-peak: no CUDA device is visible to torch", file=sys.stderr)
@@ -189,7 +183,7 @@ def main(args: argparse.Namespace) -> int:
     out_dir = (
         Path(args.out)
         if args.out
-        else default_out_dir(datetime.now(timezone.utc), props.name, git.get("sha"))
+        else run_folder("mma-peak", props.name, git.get("sha"), datetime.now(timezone.utc))
     )
     best = best_run(runs)
     record = {

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import re
 import shlex
 import sys
 import time
@@ -38,13 +37,13 @@ from harness.cli import shown
 from harness.env import environment, git_info
 from harness.materialise import PoolMismatchError
 from harness.registry import Implementation, implementations
-from harness.results import ParityRow, Results
+from harness.results import REPORTS_DIR as REPORTS_DIR  # where runs are written, as before
+from harness.results import ParityRow, Results, run_folder
 from harness.timing import exclusive_gpu
 
 REL_TOL = 1e-2
 COS_TOL = 0.9999
 LSE_TOL = 1e-3
-REPORTS_DIR = Path(__file__).resolve().parent.parent / "reports"
 
 
 def check(
@@ -170,15 +169,9 @@ def run_parity(
     return rows, unavailable
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
 def default_out_dir(now: datetime, gpu: dict[str, Any] | None, git: dict[str, Any]) -> Path:
     """reports/<UTC yyyymmddTHHMMSS>-parity-<gpu slug or cpu>-<git sha7 or nogit>."""
-    sha7 = git["sha"][:7] if git.get("sha") else "nogit"
-    where = _slug(gpu["name"]) if gpu else "cpu"
-    return REPORTS_DIR / f"{now.strftime('%Y%m%dT%H%M%S')}-parity-{where}-{sha7}"
+    return run_folder("parity", gpu["name"] if gpu else None, git.get("sha"), now)
 
 
 def _split(text: str | None) -> list[str] | None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -146,6 +147,15 @@ class Results:
             unavailable=list(d.get("unavailable", [])),
             notes=list(d.get("notes", [])),
         )
+
+
+REPORTS_DIR = Path(__file__).resolve().parent.parent / "reports"
+
+
+def run_folder(kind: str, gpu_name: str | None, sha: str | None, now: Any) -> Path:
+    """``reports/<UTC yyyymmddTHHMMSS>-<kind>-<gpu slug, or cpu>-<sha7, or nogit>``."""
+    where = re.sub(r"[^a-z0-9]+", "-", (gpu_name or "cpu").lower()).strip("-")
+    return REPORTS_DIR / f"{now:%Y%m%dT%H%M%S}-{kind}-{where}-{(sha or 'nogit')[:7]}"
 
 
 def atomic_write_text(path: Path, text: str) -> None:

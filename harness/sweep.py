@@ -60,7 +60,6 @@ import argparse
 import itertools
 import math
 import os
-import re
 import shlex
 import sys
 import time
@@ -76,7 +75,7 @@ from harness import nvml, registry
 from harness.cases import LAYOUTS, TREE_KINDS, CaseParams, build_batch
 from harness.env import environment, git_info
 from harness.registry import Implementation, RunFn, impl_config_of
-from harness.results import Results, SweepRow
+from harness.results import Results, SweepRow, run_folder
 from harness.roofline import Ceilings, measure_ceilings, throughput
 from harness.timing import MODES, Timing, exclusive_gpu, l2_bytes_of, measure, rotation_sets, round_sig
 
@@ -307,8 +306,7 @@ def load_grid(grid: str) -> Grid:
 
 def run_dir_name(grid: str, gpu_name: str | None, sha: str | None, now: datetime) -> str:
     """``<UTC yyyymmddTHHMMSS>-sweep-<grid>-<gpu slug>-<sha7>``."""
-    slug = re.sub(r"[^a-z0-9]+", "-", (gpu_name or "cpu").lower()).strip("-")
-    return f"{now:%Y%m%dT%H%M%S}-sweep-{grid}-{slug}-{(sha or 'nogit')[:7]}"
+    return run_folder(f"sweep-{grid}", gpu_name, sha, now).name
 
 
 # ---------------------------------------------------------------------------------------------
