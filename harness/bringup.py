@@ -89,6 +89,8 @@ class Step:
     # None: runs; else the reason it is skipped. Takes the box and the build probe's answer
     # (None before the build step ran, or when it failed).
     skip: Callable[[Box, dict[str, Any] | None], str | None] = lambda box, probe: None
+    # Where ``skip`` reads the probe: the condition in words, for ``--list`` (which has no probe).
+    probe_condition: str = ""
 
 
 def _xdist() -> tuple[str, ...]:
@@ -181,6 +183,7 @@ def plan(box: Box) -> list[Step]:
             ("-m", "harness", "ab", "--base-define", "VA_SMALL_SHAPE=32", "--grid", "default"),
             3600,
             _needs_mma_sync_auto,
+            "auto takes small/small-m32",
         ),
         Step(
             "ab-shape-48",
@@ -188,6 +191,7 @@ def plan(box: Box) -> list[Step]:
             ("-m", "harness", "ab", "--base-define", "VA_SMALL_SHAPE=48", "--grid", "quick"),
             3600,
             _needs_mma_sync_auto,
+            "auto takes small/small-m32",
         ),
         Step(
             "ab-combine",
@@ -488,8 +492,8 @@ def main(
     )
     if args.list:
         for s in steps:
-            if s.skip is _needs_mma_sync_auto:
-                note = "  [only where auto takes small/small-m32: the build step's probe decides]"
+            if s.probe_condition:
+                note = f"  [only where {s.probe_condition}: the build step's probe decides]"
             else:
                 reason = _no_gpu(box) or s.skip(box, None)
                 note = f"  [skipped: {reason}]" if reason else ""
