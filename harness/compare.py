@@ -7,26 +7,30 @@ Each side is a ``results.json``, a report folder, or a git revision. A revision 
 committed report under ``reports/``: the newest run (by ``created_utc``) of the same GPU model,
 kind and grid as the other side; when both sides are revisions, every (GPU model, kind, grid)
 group present at both is compared. ``--history DIR`` compares, for every such group with two runs
-or more among the results files git tracks under DIR (every file under DIR outside a git work
-tree), the newest two. Runs of kind "ab" hold both sides in one file and are left out there.
+or more among the results files under DIR that git tracks or would track (committed, staged, or
+new and not ignored: in a clean checkout, the committed runs; every file under DIR outside a git
+work tree), the newest two. Runs of kind "ab" hold both sides in one file and are left out there.
 
 Timing verdict per matching case (same case_id, implementation and mode), from the raw samples
 (``SweepRow.samples_ms``), never from a mean. With ``change = median(HEAD) / median(BASE) - 1``,
-``spread(side) = q3 / min - 1`` and the minimum effect ``m`` (``--min-change``, default 3 %):
+``spread(side) = q3 / q1 - 1`` and the minimum effect ``m`` (``--min-change``, default 3 %):
 
-    SLOWER   min(HEAD) > q3(BASE)  and  change > +m  and  Mann-Whitney p < 0.01
-    FASTER   min(BASE) > q3(HEAD)  and  change < -m  and  Mann-Whitney p < 0.01
-    NOISY    neither, and spread(BASE) > m or spread(HEAD) > m, or |change| > m (undecided),
-             or fewer than 6 samples on a side
+    SLOWER   q1(HEAD) > q3(BASE)  and  change > +m           and  Mann-Whitney p < 0.01
+    FASTER   q1(BASE) > q3(HEAD)  and  change < -m / (1 + m)  and  Mann-Whitney p < 0.01
+    NOISY    neither, and spread(BASE) > m or spread(HEAD) > m, or the change is beyond those
+             bounds (undecided), or fewer than 6 samples on a side
     SAME     otherwise: both sides tight enough to have shown a change of m, and none shown
     NO DATA  a side has no usable samples (a regression when BASE had them and HEAD has not)
 
 Why these conditions and thresholds:
 
-- GPU timings are right-skewed: preemption, clock changes and cache misses only ever add time, so
-  the fast end of a distribution is its stable part. The interval condition asks that HEAD's
-  fastest sample be slower than three quarters of BASE's samples: a regression shifts the whole
-  distribution, a few slow outliers do not.
+- GPU timings have outliers at both ends: preemption, clock changes and cache misses add time,
+  and a board near its power cap runs some samples in a faster power state (in 37122e8's default
+  run a tenth of P=262k H=128 T=64's samples sit ~10 % below the rest). So the interval condition
+  uses the quartiles, not the extremes: HEAD's middle half must lie wholly above BASE's. A
+  regression shifts the whole distribution; a few outliers at either end do not decide it.
+  (The rule first read ``min(HEAD) > q3(BASE)`` with ``spread = q3 / min - 1``: a few fast
+  samples in BASE then let a 10 % slowdown read NOISY, which does not gate.)
 - For a pure shift ``HEAD = BASE * (1 + c)`` the interval condition holds exactly when
   ``c > spread(BASE)`` (``c > spread(HEAD)`` for FASTER). A side whose spread exceeds ``m`` could
   therefore hide a change of ``m``: that is what NOISY means. It is not a failure; it says this
@@ -34,7 +38,9 @@ Why these conditions and thresholds:
 - The minimum effect separates regressions from drift that the samples of one run cannot see:
   boards of one GPU model and boost clocks differ by 1-2 % between runs, so a smaller change is
   not attributed to the code; 3 % sits above that drift and well below the 10 % slowdown the gate
-  must catch (a 10 % change is decided whenever both spreads are under 10 %).
+  must catch (a 10 % change is decided whenever both spreads are under 10 %). The bound is
+  symmetric in ratio: HEAD 3 % slower than BASE is BASE 2.9 % faster than HEAD, so swapping the
+  two sides swaps SLOWER and FASTER and never turns one into SAME.
 - The Mann-Whitney U test (two-sided, normal approximation with tie correction and continuity
   correction; samples are stored rounded, so ties are common) guards the small-sample case, where
   a few samples can fall apart by chance. Alpha 0.01 over the hundreds of cases of a sweep gives
@@ -43,11 +49,18 @@ Why these conditions and thresholds:
 
 Parity regressions always count: a row that fails or errs in HEAD where it did not in BASE (a
 new row that fails included), or whose target tokens or accepted path stop matching. Mutation
-controls (``mutant:<name>`` rows) are expected to fail; one that passes in HEAD is the regression.
+controls (``mutant:<name>`` rows) are expected to fail; one that BASE caught and HEAD passes or
+errs on is the regression (a mutant counts as caught only when it fails, as ``nox -s parity``
+counts it), and so is one that HEAD catches on no bundle.
 A row that becomes unavailable is listed with its reason but does not gate: the reason is an
 environment difference (a package or device missing), not a result.
 
 Like with like: BASE and HEAD of different GPU models or kinds are refused unless ``--force``;
+a run's grid (its case set) is its ``--grid`` (parity: ``--bundles``) plus whatever narrowed it:
+a sweep's ``--impls``, ``--modes``, ``--case-filter`` or ``--shard``, a parity run's ``--impls``
+or the absence of ``--mutations``. A narrowed run thus forms its own group in ``--history`` and is
+never taken for the newest run of the whole grid, whose rows it lacks (a row of BASE missing from
+HEAD is listed, BASE ONLY, and does not gate);
 timings are compared only when both runs had a GPU (a CPU-only parity run compares parity only).
 
 Gated implementations: by default every SLOWER counts. ``--gate-impls a,b`` keeps every verdict
@@ -157,8 +170,8 @@ class SampleStats:
 
     @property
     def spread(self) -> float:
-        """q3 / min - 1: the smallest relative shift the interval condition can resolve."""
-        return self.q3_ms / self.min_ms - 1.0
+        """q3 / q1 - 1: the smallest relative shift the interval condition can resolve."""
+        return self.q3_ms / self.q1_ms - 1.0
 
 
 def sample_stats(samples_ms: Sequence[float]) -> SampleStats:
@@ -237,19 +250,20 @@ def timing_decision(
             NOISY, f"too few samples to decide ({bs.n} vs {hs.n}, need {MIN_SAMPLES})", **common
         )
     limit = f"{100 * min_change:.3g} %"
-    if hs.min_ms > bs.q3_ms and change > min_change and p < ALPHA:
+    faster_bound = -min_change / (1.0 + min_change)  # the same ratio as +min_change, the other way
+    if hs.q1_ms > bs.q3_ms and change > min_change and p < ALPHA:
         return TimingDecision(
             SLOWER,
-            f"HEAD min {hs.min_ms:.4g} ms > BASE q3 {bs.q3_ms:.4g} ms, median {100 * change:+.1f} % "
+            f"HEAD q1 {hs.q1_ms:.4g} ms > BASE q3 {bs.q3_ms:.4g} ms, median {100 * change:+.1f} % "
             f"beyond {limit}, p = {p:.2g}",
             regression=True,
             **common,
         )
-    if bs.min_ms > hs.q3_ms and change < -min_change and p < ALPHA:
+    if bs.q1_ms > hs.q3_ms and change < faster_bound and p < ALPHA:
         return TimingDecision(
             FASTER,
-            f"BASE min {bs.min_ms:.4g} ms > HEAD q3 {hs.q3_ms:.4g} ms, median {100 * change:+.1f} % "
-            f"beyond {limit}, p = {p:.2g}",
+            f"BASE q1 {bs.q1_ms:.4g} ms > HEAD q3 {hs.q3_ms:.4g} ms, median {100 * change:+.1f} % "
+            f"beyond {100 * faster_bound:.3g} %, p = {p:.2g}",
             **common,
         )
     wide = [
@@ -259,7 +273,7 @@ def timing_decision(
     ]
     if wide:
         return TimingDecision(NOISY, f"{', '.join(wide)} > {limit}: a change of {limit} could hide", **common)
-    if abs(change) > min_change:
+    if change > min_change or change < faster_bound:
         return TimingDecision(
             NOISY,
             f"median {100 * change:+.1f} % but the samples do not separate (p = {p:.2g})",
@@ -304,6 +318,12 @@ def _fails(row: ParityRow) -> bool:
     return row.status in ("fail", "error")
 
 
+def _caught(row: ParityRow) -> bool:
+    """A mutation control is caught only when parity fails it, as ``parity.verdict`` counts: a
+    mutant that errs has shown nothing about parity."""
+    return row.status == "fail"
+
+
 def _because(text: str, reason: str) -> str:
     return f"{text}: {reason}" if reason else text
 
@@ -313,7 +333,7 @@ def mutants_caught_nowhere(rows: Iterable[ParityRow]) -> set[str]:
     seen: dict[str, bool] = {}
     for r in rows:
         if r.impl.startswith(MUTANT_PREFIX):
-            seen[r.impl] = seen.get(r.impl, False) or _fails(r)
+            seen[r.impl] = seen.get(r.impl, False) or _caught(r)
     return {impl for impl, caught in seen.items() if not caught}
 
 
@@ -332,8 +352,9 @@ def parity_verdict(base: ParityRow | None, head: ParityRow | None) -> ParityVerd
         # to see that bug here. (A mutant must fail on at least one bundle, not on each: some bundles
         # cannot show some mutations, e.g. a causal mask on a chain tree. `mutants_caught_nowhere`
         # checks the whole contract on HEAD.)
-        if head is not None and head.status == "pass" and base is not None and _fails(base):
-            return make(REGRESSED, "mutation control passes: parity no longer detects this mutation", True)
+        if head is not None and head.status in ("pass", "error") and base is not None and _caught(base):
+            what = "passes" if head.status == "pass" else _because("errs", head.reason)
+            return make(REGRESSED, f"mutation control {what}: parity no longer detects this mutation", True)
     else:
         if head is not None and _fails(head) and (base is None or not _fails(base)):
             was = "a new row" if base is None else f"was {base.status}"
@@ -378,10 +399,7 @@ def gpu_model(results: Results) -> str:
 
 
 def _command_option(command: str, option: str) -> str | None:
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        words = command.split()
+    words = _command_words(command)
     for i, word in enumerate(words):
         if word == option and i + 1 < len(words):
             return words[i + 1]
@@ -390,17 +408,44 @@ def _command_option(command: str, option: str) -> str | None:
     return None
 
 
+# Options that run part of a grid: such a run's rows are a subset of the full run's.
+SWEEP_NARROWING = ("--impls", "--modes", "--case-filter", "--shard")
+PARITY_NARROWING = ("--impls",)
+
+
+def _command_words(command: str) -> list[str]:
+    try:
+        return shlex.split(command)
+    except ValueError:
+        return command.split()
+
+
+def narrowed_by(results: Results) -> list[str]:
+    """What made a run cover less than its whole grid, from its command line: e.g.
+    ``["--modes cold"]``, or ``["no --mutations"]`` for a parity run without the controls."""
+    command = results.command
+    names = PARITY_NARROWING if results.kind == "parity" else SWEEP_NARROWING
+    found = [f"{name} {value}" for name in names if (value := _command_option(command, name))]
+    if results.kind == "parity" and "--mutations" not in _command_words(command):
+        found.append("no --mutations")
+    return found
+
+
 def run_grid(results: Results) -> str:
     """The case set a run covered, read from its command line: the sweep's ``--grid`` (a grid
-    file counts by its stem; "default" when not given), the parity run's ``--bundles``."""
+    file counts by its stem; "default" when not given), the parity run's ``--bundles``, and in
+    brackets what narrowed it (:func:`narrowed_by`)."""
     if results.kind == "parity":
         bundles = _command_option(results.command, "--bundles")
-        return ",".join(sorted(bundles.split(","))) if bundles else "all-bundles"
-    grid = _command_option(results.command, "--grid")
-    name = "default" if grid is None else Path(grid).stem if grid.endswith(".toml") else grid
-    # A tensor-parallel run times other cases (H/N heads per rank) than a one-GPU run of the grid.
-    tp = _command_option(results.command, "--tp")
-    return f"{name}-tp{tp}" if tp else name
+        name = ",".join(sorted(bundles.split(","))) if bundles else "all-bundles"
+    else:
+        grid = _command_option(results.command, "--grid")
+        name = "default" if grid is None else Path(grid).stem if grid.endswith(".toml") else grid
+        # A tensor-parallel run times other cases (H/N heads per rank) than a one-GPU run of the grid.
+        tp = _command_option(results.command, "--tp")
+        name = f"{name}-tp{tp}" if tp else name
+    narrowed = narrowed_by(results)
+    return f"{name} [{', '.join(narrowed)}]" if narrowed else name
 
 
 def run_key(results: Results) -> RunKey:
@@ -701,13 +746,29 @@ def newest_by_key(sides: Iterable[Side]) -> dict[RunKey, list[Side]]:
 
 
 def tracked_results(folder: Path) -> list[Path]:
-    """Results files (plain or compressed) under ``folder`` that git tracks; every one when
-    outside a work tree."""
+    """Results files (plain or compressed) under ``folder`` as the working tree has them, among
+    those git tracks or would track (committed, staged, or new and not ignored); every one when
+    outside a work tree. A tracked file deleted from the working tree is left out, so a run whose
+    ``results.json`` ``report --prune`` has just compressed is read from its new
+    ``results.json.gz`` before either change is committed. In a clean checkout (CI's) these are
+    exactly the committed runs."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CompareError(f"--history: {folder} is not a folder")
     proc = subprocess.run(
-        ["git", "-C", str(folder), "ls-files", "-z", "--full-name", "--", "."],
+        [
+            "git",
+            "-C",
+            str(folder),
+            "ls-files",
+            "-z",
+            "--full-name",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+            "--",
+            ".",
+        ],
         capture_output=True,
         text=True,
         check=False,
@@ -715,7 +776,8 @@ def tracked_results(folder: Path) -> list[Path]:
     if proc.returncode != 0:
         return results_files_under(folder)
     root = repo_root(folder)
-    return one_per_run(root / p for p in proc.stdout.split("\0") if p and is_results_file(p))
+    paths = {root / p for p in proc.stdout.split("\0") if p and is_results_file(p)}
+    return one_per_run(sorted(p for p in paths if p.is_file()))
 
 
 def history_pairs(folder: Path) -> list[tuple[Side, Side]]:
