@@ -91,8 +91,10 @@ def verify_attention(
         (out [N, H, 512] bf16, lse [N, H] fp32): lse is the natural log of each row's softmax
         denominator, for merging with other attention states.
 
-    No host synchronisation and no data-dependent allocation: the call can be captured in a
-    CUDA graph. Output is bitwise deterministic for identical inputs.
+    No data-dependent allocation, and no host synchronisation once validation is off
+    (``validate=False``, or while a CUDA graph is being captured): the call can be captured in a
+    CUDA graph. The default ``validate=True`` copies the indptrs and the mask to the host first.
+    Output is bitwise deterministic for identical inputs.
     """
     config_id = _config_id(config)
     out, lse = load_extension().verify_attention(

@@ -22,6 +22,17 @@ and the draft-to-draft visibility as packed bits (kernel/tree_mask.py).
 ``.item()``, no host copy, every shape from host ints SGLang already has (batch size,
 ``max_len_extend``, the number of draft tokens, and ``sum P`` when the backend knows it), so
 the conversion and the kernel call can be captured in a CUDA graph.
+
+``prefix_len_sum`` (``sum P``) sizes the converted ``kv_indices``. Pass it on eager calls only,
+or as a bound that every replay's ``sum P`` stays within: a CUDA graph freezes the size it had at
+capture (SGLang captures with placeholder lengths), and a replay with longer prefixes would then
+address past the converted list. Without it the conversion spans SGLang's own ``kv_indices``
+buffer, which a graph's replays all fit.
+
+Preconditions, as in SGLang's own kernel: ``max_len_extend`` is at least every request's number
+of draft tokens, and ``kv_indices`` holds ``kv_indptr[B]`` slots. Calls in hot loops are not
+checked against them (that needs the device's data on the host); ``extend_attention_fwd(...,
+validate=True)`` checks them, and every check ``verify_attention`` makes, on an eager call.
 """
 
 from __future__ import annotations
@@ -84,9 +95,23 @@ def verify_metadata_from_sglang(
     n = out_cache_loc.numel()
     if max_len_extend < 1:
         raise ValueError(f"max_len_extend = {max_len_extend}; every request has at least one draft token")
-    if qo_indptr.dim() != 1 or kv_indptr.shape != qo_indptr.shape:
+    if qo_indptr.dim() != 1 or qo_indptr.numel() < 1 or kv_indptr.shape != qo_indptr.shape:
         raise ValueError(
             f"qo_indptr and kv_indptr must both be [B+1], got {tuple(qo_indptr.shape)} and {tuple(kv_indptr.shape)}"
+        )
+    num_prefix_slots = kv_indices.numel()
+    if prefix_len_sum is not None and not 0 <= prefix_len_sum <= num_prefix_slots:
+        raise ValueError(
+            f"prefix_len_sum = {prefix_len_sum} must be in [0, kv_indices.numel() = {num_prefix_slots}]: "
+            "kv_indices holds every request's prefix slots"
+        )
+    k = (num_prefix_slots if prefix_len_sum is None else prefix_len_sum) + n
+    if qo_indptr.numel() == 1:  # an empty batch: nothing for the kernel to read
+        return VerifyMetadata(
+            kv_indices=torch.zeros(k, dtype=torch.int32, device=device),
+            kv_indptr=torch.zeros(1, dtype=torch.int32, device=device),
+            tree_mask=torch.zeros(0, dtype=torch.int32, device=device),
+            tree_mask_indptr=torch.zeros(1, dtype=torch.int32, device=device),
         )
     if custom_mask is not None and (mask_indptr is None or mask_indptr.shape != qo_indptr.shape):
         got = None if mask_indptr is None else tuple(mask_indptr.shape)
@@ -101,8 +126,6 @@ def verify_metadata_from_sglang(
 
     # kv_indices: position j of the output is request b's (j - ours_indptr[b])-th slot; its
     # source is the prefix slot list or out_cache_loc, concatenated so one gather serves both.
-    num_prefix_slots = kv_indices.numel()
-    k = (num_prefix_slots if prefix_len_sum is None else prefix_len_sum) + n
     j = torch.arange(k, device=device)
     b = _request_of(ours_indptr, j)
     r = j - ours_indptr[b]
@@ -136,7 +159,9 @@ def verify_metadata_from_sglang(
     w = torch.arange(w_max, device=device)[None, :]
     target = mask_indptr_ours[rb][:, None] + i * wpr[rb][:, None] + w
     # Words past a row's words_per_row are zero; they all land in one spare slot, dropped below.
-    target = torch.where(w < wpr[rb][:, None], target, n * w_max)
+    # So do words past the buffer, which only a max_len_extend below some T_b produces (a broken
+    # precondition: never an out-of-bounds write, and validate=True names it).
+    target = torch.where(w < wpr[rb][:, None], target, n * w_max).clamp_(max=n * w_max)
     tree_mask = torch.zeros(n * w_max + 1, dtype=torch.int32, device=device)
     tree_mask.scatter_(0, target.reshape(-1), words.reshape(-1))
 
@@ -171,6 +196,7 @@ def extend_attention_fwd(
     prefix_len_sum: int | None = None,
     lse: torch.Tensor | None = None,
     config: str = "auto",
+    validate: bool = False,
     sliding_window_size: int = -1,
     sinks: torch.Tensor | None = None,
     window_kv_offsets: torch.Tensor | None = None,
@@ -188,7 +214,10 @@ def extend_attention_fwd(
     where this kernel reads them. ``sm_scale`` has no default (SGLang's 1/sqrt(576) is wrong for
     MLA). ``lse``, if given ([N, H] fp32), receives the log-sum-exp. The backend's other
     keywords are accepted at their no-op values (``extend_seq_lens_cpu`` only tunes SGLang's
-    own launch grid); any other value raises, naming the argument. Returns ``o_extend``.
+    own launch grid); any other value raises, naming the argument. ``validate=True`` (eager
+    calls only: it copies the metadata to the host) checks the module docstring's preconditions
+    and runs ``verify_attention``'s own checks, each error naming its argument; use it while
+    wiring the adapter in, and leave it off in the serving loop. Returns ``o_extend``.
     """
     if k_scale != 1.0 or v_scale != 1.0:
         raise ValueError(
@@ -210,14 +239,18 @@ def extend_attention_fwd(
                 f"{name} = {value!r}: this kernel supports only {supported!r} (MLA verify, page_size=1)"
             )
     if v_buffer.data_ptr() != k_buffer.data_ptr() or v_buffer.shape[-1] != V_DIM:
+        got = [f"width {v_buffer.shape[-1]}"] if v_buffer.shape[-1] != V_DIM else []
+        got += ["another address than k_buffer"] if v_buffer.data_ptr() != k_buffer.data_ptr() else []
         raise ValueError(
             f"v_buffer must be k_buffer[..., :{V_DIM}] (MLA reads V from the first {V_DIM} dims of each "
-            f"KV row), got shape {tuple(v_buffer.shape)} at another address"
+            f"KV row), got shape {tuple(v_buffer.shape)}: {' and '.join(got)}"
         )
     if out_cache_loc.numel() != q_extend.shape[0]:
         raise ValueError(
             f"out_cache_loc has {out_cache_loc.numel()} slots but q_extend has {q_extend.shape[0]} draft tokens"
         )
+    if validate:
+        check_sglang_metadata(qo_indptr, kv_indptr, kv_indices, max_len_extend, prefix_len_sum)
     meta = verify_metadata_from_sglang(
         qo_indptr,
         kv_indptr,
@@ -229,19 +262,61 @@ def extend_attention_fwd(
         is_causal=is_causal,
         prefix_len_sum=prefix_len_sum,
     )
+    kv_ours, mask_ours = meta.kv_indices, meta.tree_mask
+    if validate:
+        # verify_attention's checks expect exact sizes: the converted lists up to their indptrs.
+        kv_ours = kv_ours[: int(meta.kv_indptr[-1])]
+        mask_ours = mask_ours[: int(meta.tree_mask_indptr[-1])]
     verify_attention(
         q_extend,
         k_buffer,
-        meta.kv_indices,
+        kv_ours,
         qo_indptr.to(torch.int32),
         meta.kv_indptr,
-        meta.tree_mask,
+        mask_ours,
         meta.tree_mask_indptr,
         sm_scale,
         out=o_extend,
         lse=lse,
-        # Validation copies the metadata to the host (a sync) and expects exact sizes.
-        validate=False,
+        validate=validate,
         config=config,
     )
     return o_extend
+
+
+def check_sglang_metadata(
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    max_len_extend: int,
+    prefix_len_sum: int | None = None,
+) -> None:
+    """The adapter's preconditions on SGLang's metadata (module docstring), checked on the host:
+    raises ValueError naming the argument. Copies the indptrs to the host (a sync), so it refuses
+    to run while a CUDA graph is being captured."""
+    if qo_indptr.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise ValueError("validate=True reads the metadata on the host: not while a CUDA graph is captured")
+    if qo_indptr.dim() != 1 or qo_indptr.numel() < 1 or kv_indptr.shape != qo_indptr.shape:
+        raise ValueError(
+            f"qo_indptr and kv_indptr must both be [B+1], got {tuple(qo_indptr.shape)} and {tuple(kv_indptr.shape)}"
+        )
+    qo, kvp = qo_indptr.cpu().to(torch.int64), kv_indptr.cpu().to(torch.int64)
+    for name, ptr in (("qo_indptr", qo), ("kv_indptr", kvp)):
+        if ptr[0] != 0 or bool((ptr[1:] < ptr[:-1]).any()):
+            raise ValueError(f"{name} must start at 0 and never decrease, got {ptr.tolist()[:16]}")
+    num_draft = qo[1:] - qo[:-1]
+    if num_draft.numel() and int(num_draft.max()) > max_len_extend:
+        b = int(num_draft.argmax())
+        raise ValueError(
+            f"max_len_extend = {max_len_extend}, but request {b} has {int(num_draft[b])} draft tokens "
+            "(qo_indptr); it must be at least the largest"
+        )
+    if int(kvp[-1]) > kv_indices.numel():
+        raise ValueError(
+            f"kv_indices has {kv_indices.numel()} slots but kv_indptr addresses {int(kvp[-1])} prefix slots"
+        )
+    if prefix_len_sum is not None and prefix_len_sum < int(kvp[-1]):
+        raise ValueError(
+            f"prefix_len_sum = {prefix_len_sum} but kv_indptr addresses {int(kvp[-1])} prefix slots: "
+            "it must be their sum (or a bound above it)"
+        )

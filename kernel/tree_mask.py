@@ -11,6 +11,7 @@ kernel reads one word per (row, 32 keys) without a division by T.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -20,17 +21,31 @@ def words_per_row(num_draft: int) -> int:
     return (num_draft + 31) // 32
 
 
-def visibility_from_parents(parents: Sequence[int]) -> torch.Tensor:
-    """[T, T] bool: row i sees i and its ancestors. ``parents[0] == -1``, ``parents[i] < i``."""
+def _node(p: object, field: str, i: int) -> int:
+    """``parents[i]`` as an int (numpy and 0-d torch integers too); raises naming the entry."""
+    if isinstance(p, bool) or (isinstance(p, torch.Tensor) and p.dtype == torch.bool):
+        raise ValueError(f"{field}[{i}] = {p!r}: a parent is a node index (an int), not a bool")
+    try:
+        return operator.index(p)
+    except TypeError:
+        raise ValueError(f"{field}[{i}] = {p!r}: a parent is a node index (an int)") from None
+
+
+def visibility_from_parents(parents: Sequence[int], field: str = "parents") -> torch.Tensor:
+    """[T, T] bool: row i sees i and its ancestors. ``parents[0] == -1``, ``parents[i] < i``.
+    Errors name ``field`` and the entry."""
     t = len(parents)
+    if t == 0:
+        raise ValueError(f"{field} is empty; a draft tree has at least its root (node 0)")
     vis = torch.zeros(t, t, dtype=torch.bool)
-    for i, p in enumerate(parents):
+    for i, entry in enumerate(parents):
+        p = _node(entry, field, i)
         if i == 0:
             if p != -1:
-                raise ValueError(f"parents[0] = {p}: the root (node 0) must have parent -1")
+                raise ValueError(f"{field}[0] = {p}: the root (node 0) must have parent -1")
         elif not 0 <= p < i:
             raise ValueError(
-                f"parents[{i}] = {p}: a parent must be a node in [0, {i}) (it must precede its child)"
+                f"{field}[{i}] = {p}: a parent must be a node in [0, {i}) (it must precede its child)"
             )
         vis[i, i] = True
         if i > 0:
@@ -39,25 +54,39 @@ def visibility_from_parents(parents: Sequence[int]) -> torch.Tensor:
 
 
 def pack_visibility(visibility: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pack per-request [T_b, T_b] bool matrices into (tree_mask, tree_mask_indptr), on the CPU."""
+    """Pack per-request [T_b, T_b] bool matrices into (tree_mask, tree_mask_indptr), on the CPU.
+    Integer matrices of 0s and 1s are taken as bool; any other value raises (it would spill into
+    a neighbour's bit). An empty batch packs to ``(int32[0], int32[[0]])``."""
     blocks, indptr = [], [0]
     for b, vis in enumerate(visibility):
+        if not isinstance(vis, torch.Tensor):
+            vis = torch.as_tensor(vis)
         if vis.dim() != 2 or vis.shape[0] != vis.shape[1] or vis.shape[0] < 1:
             raise ValueError(
                 f"visibility[{b}] must be a non-empty square [T, T] matrix, got {tuple(vis.shape)}"
             )
+        if vis.dtype != torch.bool:
+            if vis.is_floating_point() or vis.is_complex():
+                raise ValueError(f"visibility[{b}] must be bool (or integers 0 and 1), got {vis.dtype}")
+            if bool(((vis != 0) & (vis != 1)).any()):
+                raise ValueError(
+                    f"visibility[{b}] must be bool (or integers 0 and 1), got {vis.dtype} holding other values"
+                )
+            vis = vis != 0
         t = vis.shape[0]
         w = words_per_row(t)
         padded = torch.zeros(t, w * 32, dtype=torch.int64)
-        padded[:, :t] = vis.to(torch.int64)
+        padded[:, :t] = vis.cpu().to(torch.int64)
         bits = padded.view(t, w, 32) << torch.arange(32, dtype=torch.int64)
         words = bits.sum(-1)  # < 2**32: fits int64; reinterpret as int32 below
         words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
         blocks.append(words.reshape(-1))
         indptr.append(indptr[-1] + t * w)
-    return torch.cat(blocks), torch.tensor(indptr, dtype=torch.int32)
+    tree_mask = torch.cat(blocks) if blocks else torch.zeros(0, dtype=torch.int32)
+    return tree_mask, torch.tensor(indptr, dtype=torch.int32)
 
 
 def pack_parents(parents: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tree_mask, tree_mask_indptr) for a batch of trees given as parent arrays."""
-    return pack_visibility([visibility_from_parents(p) for p in parents])
+    """(tree_mask, tree_mask_indptr) for a batch of trees given as parent arrays; errors name
+    ``parents[b][i]``."""
+    return pack_visibility([visibility_from_parents(p, f"parents[{b}]") for b, p in enumerate(parents)])

@@ -585,6 +585,9 @@ BAD_CASES = {
     ),
     "sm_scale nan": (lambda a: _swap(a, sm_scale=float("nan")), "sm_scale"),
     "sm_scale negative": (lambda a: _swap(a, sm_scale=-0.1), "sm_scale"),
+    # Finite and positive as a double, but 0 or inf in the float32 the kernel computes in.
+    "sm_scale below float32": (lambda a: _swap(a, sm_scale=1e-50), "sm_scale"),
+    "sm_scale above float32": (lambda a: _swap(a, sm_scale=3e38), "sm_scale"),
 }
 
 

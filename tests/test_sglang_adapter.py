@@ -18,8 +18,8 @@ import torch
 from harness.batch import QK_DIM, V_DIM, VerifyBatch
 from harness.impl_sglang import SglangVerifyArgs, sglang_verify_args
 from harness.tree import chain, random_tree
-from kernel.sglang_adapter import extend_attention_fwd, verify_metadata_from_sglang
-from kernel.tree_mask import pack_parents, pack_visibility
+from kernel.sglang_adapter import check_sglang_metadata, extend_attention_fwd, verify_metadata_from_sglang
+from kernel.tree_mask import pack_parents, pack_visibility, words_per_row
 
 REL_TOL, COS_TOL = 1e-2, 0.9999
 SM_SCALE = 1 / math.sqrt(192)
@@ -177,6 +177,68 @@ def test_unsupported_sglang_options_are_refused_by_name() -> None:
         )
 
 
+def test_a_prefix_len_sum_beyond_kv_indices_is_refused_by_name() -> None:
+    args = sglang_verify_args(random_batch(random.Random(4)))
+    for bad in (-1, args.kv_indices.numel() + 1):
+        with pytest.raises(ValueError, match="prefix_len_sum"):
+            convert(args, prefix_len_sum=bad)
+
+
+def test_an_empty_batch_converts_to_empty_metadata() -> None:
+    empty = torch.zeros(1, dtype=torch.int32)
+    got = verify_metadata_from_sglang(
+        empty, empty, torch.zeros(5, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), None, None, 1
+    )
+    assert got.kv_indptr.tolist() == [0] and got.tree_mask_indptr.tolist() == [0]
+    assert got.tree_mask.numel() == 0 and not got.kv_indices.any()
+
+
+def test_max_len_extend_below_a_request_never_writes_out_of_bounds() -> None:
+    """A broken precondition (SGLang's own): the conversion still stays inside its buffers (on a GPU
+    an out-of-bounds scatter is a device assert that ends the process), and validate names it."""
+    batch = random_batch(random.Random(6), draft_sizes=(33,))
+    args = sglang_verify_args(batch)
+    got = convert(args, max_len_extend=32)
+    assert got.tree_mask.numel() == batch.q.shape[0] * words_per_row(32)
+    with pytest.raises(ValueError, match="max_len_extend = 32, but request 0 has 33 draft tokens"):
+        check_sglang_metadata(args.qo_indptr, args.kv_indptr, args.kv_indices, 32)
+
+
+def test_check_sglang_metadata_names_each_broken_precondition() -> None:
+    args = sglang_verify_args(random_batch(random.Random(8)))
+    ok = (args.qo_indptr, args.kv_indptr, args.kv_indices, args.max_len_extend)
+    check_sglang_metadata(*ok)
+    check_sglang_metadata(*ok, prefix_len_sum=int(args.kv_indptr[-1]) + 5)  # a bound above the sum
+    with pytest.raises(ValueError, match="kv_indices has 0 slots but kv_indptr addresses"):
+        check_sglang_metadata(args.qo_indptr, args.kv_indptr, args.kv_indices[:0], args.max_len_extend)
+    if int(args.kv_indptr[-1]) > 0:
+        with pytest.raises(ValueError, match="prefix_len_sum = 0 but kv_indptr addresses"):
+            check_sglang_metadata(*ok, prefix_len_sum=0)
+    with pytest.raises(ValueError, match="qo_indptr must start at 0 and never decrease"):
+        check_sglang_metadata(args.qo_indptr.flip(0), *ok[1:])
+    with pytest.raises(ValueError, match=r"qo_indptr and kv_indptr must both be \[B\+1\]"):
+        check_sglang_metadata(args.qo_indptr, args.kv_indptr[:-1], *ok[2:])
+
+
+def test_the_v_buffer_message_says_which_half_is_wrong() -> None:
+    args = sglang_verify_args(random_batch(random.Random(2)))
+    o = torch.empty(args.q_extend.shape[0], args.q_extend.shape[1], V_DIM, dtype=torch.bfloat16)
+    positional = list(args.kernel_kwargs(o).values())
+    with pytest.raises(ValueError, match="width 576") as e:
+        extend_attention_fwd(
+            *positional[:5], positional[4], *positional[6:], out_cache_loc=args.out_cache_loc
+        )
+    assert "another address" not in str(e.value)
+    with pytest.raises(ValueError, match="another address than k_buffer") as e:
+        extend_attention_fwd(
+            *positional[:5],
+            positional[4][..., :V_DIM].clone(),
+            *positional[6:],
+            out_cache_loc=args.out_cache_loc,
+        )
+    assert "width" not in str(e.value)
+
+
 # GPU: both kernels on SGLang-format batches.
 
 needs_sglang = pytest.mark.skipif(
@@ -250,3 +312,28 @@ def test_adapter_call_syncs_nothing_and_replays_from_a_cuda_graph() -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(o_graph, o_eager)
+
+
+@pytest.mark.gpu
+def test_adapter_validate_checks_an_eager_call_and_changes_nothing_else() -> None:
+    batch = random_batch(random.Random(12), num_heads=8, max_prefix=3000, device="cuda")
+    args = sglang_verify_args(batch)
+    n, h = batch.q.shape[:2]
+    o_plain = torch.empty(n, h, V_DIM, dtype=torch.bfloat16, device="cuda")
+    o_checked = torch.empty_like(o_plain)
+    # SGLang's kv_indices over-allocated, as its buffers are: validate slices to what is addressed.
+    spare = torch.full((64,), 10**9, dtype=args.kv_indices.dtype, device="cuda")
+    kwargs = args.kernel_kwargs(o_plain)
+    kwargs["kv_indices"] = torch.cat([args.kv_indices, spare])
+    extend_attention_fwd(*kwargs.values(), out_cache_loc=args.out_cache_loc)
+    kwargs["o_extend"] = o_checked
+    extend_attention_fwd(*kwargs.values(), out_cache_loc=args.out_cache_loc, validate=True)
+    assert torch.equal(o_plain, o_checked)
+    assert max(batch.num_draft) == 64
+    low = dict(kwargs, max_len_extend=63)
+    with pytest.raises(ValueError, match="max_len_extend = 63"):
+        extend_attention_fwd(*low.values(), out_cache_loc=args.out_cache_loc, validate=True)
+    bad_slot = args.out_cache_loc.clone()
+    bad_slot[0] = batch.kv_cache.shape[0] + 7
+    with pytest.raises((RuntimeError, ValueError), match="outside the pool"):
+        extend_attention_fwd(*kwargs.values(), out_cache_loc=bad_slot, validate=True)

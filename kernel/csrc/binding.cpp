@@ -146,6 +146,11 @@ std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& 
   VA_CHECK(N * H <= int_max, "num_tokens * num_heads = ", N * H, " exceeds the supported 2^31 - 1 rows");
   VA_CHECK(kv_indices.numel() <= int_max, "kv_indices has ", kv_indices.numel(), " entries; at most 2^31 - 1");
   VA_CHECK(std::isfinite(sm_scale) && sm_scale > 0, "sm_scale must be a finite positive number, got ", sm_scale);
+  // The kernel computes in float32 with the scale times log2(e) (launch_impl): a double that is
+  // finite and positive but becomes 0 or inf there would give an average of V or NaN, silently.
+  const float scale_f = static_cast<float>(sm_scale);
+  VA_CHECK(std::isnormal(scale_f) && std::isfinite(scale_f * 1.4426950408889634f), "sm_scale = ", sm_scale,
+           " is outside float32's normal range (about 1.2e-38 to 2.3e38) that the kernel computes in");
   check_config(config);
 
   at::Tensor out = out_opt.has_value() ? *out_opt : at::empty({N, H, kVDim}, q.options());
@@ -193,7 +198,7 @@ std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& 
   args.num_heads = static_cast<int>(H);
   args.num_slots = static_cast<int>(S);
   args.num_kv_indices = static_cast<int>(kv_indices.numel());
-  args.sm_scale = static_cast<float>(sm_scale);
+  args.sm_scale = scale_f;
   C10_CUDA_CHECK(va::launch(args, plan, c10::cuda::getCurrentCUDAStream(device.index()).stream()));
   return {out, lse};
 }
