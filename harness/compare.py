@@ -60,7 +60,8 @@ a run's grid (its case set) is its ``--grid`` (parity: ``--bundles``) plus whate
 a sweep's ``--impls``, ``--modes``, ``--case-filter`` or ``--shard``, a parity run's ``--impls``
 or the absence of ``--mutations``. A narrowed run thus forms its own group in ``--history`` and is
 never taken for the newest run of the whole grid, whose rows it lacks (a row of BASE missing from
-HEAD is listed, BASE ONLY, and does not gate);
+HEAD is listed, BASE ONLY, and does not gate, unless HEAD has no timed rows, or no parity rows, at
+all: such a run vouches for nothing, and every BASE row counts against it);
 timings are compared only when both runs had a GPU (a CPU-only parity run compares parity only).
 
 Gated implementations: by default every SLOWER counts. ``--gate-impls a,b`` keeps every verdict
@@ -631,6 +632,12 @@ def compare_results(
         else v
         for v in parity
     )
+    if bp and not hp:
+        # A run with no parity rows at all vouches for nothing (every BASE row would read BASE ONLY).
+        notes.append("HEAD has no parity rows: every BASE row counts as a regression")
+        parity = tuple(
+            replace(v, verdict=REGRESSED, reason="HEAD has no parity rows", regression=True) for v in parity
+        )
 
     timing: list[TimingVerdict] = []
     if "cpu" in (base.key.gpu_model, head.key.gpu_model):
@@ -643,9 +650,13 @@ def compare_results(
 
         bt = _index((r for r in base.results.sweep if keep(r.impl)), tkey, "BASE")
         ht = _index((r for r in head.results.sweep if keep(r.impl)), tkey, "HEAD")
+        if bt and not ht:
+            notes.append("HEAD has no timed rows: every BASE row counts as NO DATA")
         for k in _ordered_keys(bt, ht):
             b, h = bt.get(k), ht.get(k)
-            if b is None or h is None:
+            if h is None and not ht:
+                decision = TimingDecision(NO_DATA, "HEAD has no timed rows at all", regression=True)
+            elif b is None or h is None:
                 decision = TimingDecision(HEAD_ONLY if b is None else BASE_ONLY, "case run on one side only")
             else:
                 decision = timing_decision(b.samples_ms, h.samples_ms, min_change=min_change)

@@ -360,6 +360,23 @@ def test_cli_exit_code_follows_the_verdict(
     assert f"{verdict} 1" in capsys.readouterr().out
 
 
+def test_a_head_with_no_rows_at_all_vouches_for_nothing(
+    tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty HEAD (a run that timed nothing) would otherwise list every row BASE ONLY and pass."""
+    base = make_results({"c": timings(0.1, seed=1), "d": timings(0.2, seed=2)})
+    head = make_results({}, sha="b" * 40)
+    assert (
+        run_cli(str(save(base, tmp_path / "a")), str(save(head, tmp_path / "b")), "--out", str(out_dir)) == 1
+    )
+    out = capsys.readouterr().out
+    assert "NO DATA 2" in out and "HEAD has no timed rows" in out
+    base = make_results(kind="parity", parity=[parity_row("smoke", "pass")])
+    head = make_results(kind="parity", sha="b" * 40)
+    c = compare.compare_results(compare.Side("a", base), compare.Side("b", head))
+    assert [(v.verdict, v.regression) for v in c.parity] == [(compare.REGRESSED, True)]
+
+
 def test_cli_parity_regression_exits_1(tmp_path: Path, out_dir: Path) -> None:
     base = make_results(parity=[parity_row("smoke", "pass")])
     head = make_results(parity=[parity_row("smoke", "fail", reason="rel err 0.3")], sha="b" * 40)
