@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import importlib
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,6 +49,35 @@ def positive_number(what: str) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def check_out_dir(path: Path | str, option: str = "--out") -> Path:
+    """``path`` as the folder a command will write its results into, checked before the command's
+    work so that a bad ``option`` fails at once rather than when the results are written: created
+    if missing and probed with a file written and removed; the folders the probe created are
+    removed again (writing the results creates them), so a command that stops before writing
+    leaves nothing. Raises ValueError naming ``option``; returns ``path``."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{option} {path} is a file; expected a folder to write into (created if missing)")
+    created = []
+    missing = path
+    while not missing.exists() and missing != missing.parent:
+        created.append(missing)
+        missing = missing.parent
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise ValueError(
+            f"{option} {path}: cannot create or write a file there ({e.strerror or e}); expected a writable folder"
+        ) from e
+    finally:
+        for folder in created:  # the deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+    return path
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -54,7 +54,10 @@ Failures
     status and the cases left untimed, prints the end of its log, keeps the temporary folder
     for a look and exits 3 without writing a report (a TP step needs every rank, so any rank's
     failure leaves every case untimed). A rank that raises breaks the barrier, so the others
-    stop at once instead of waiting ``BARRIER_TIMEOUT_S``.
+    stop at once instead of waiting ``BARRIER_TIMEOUT_S``. An interrupted run (Ctrl-C) kills its
+    workers, removes the temporary folder (what is there is partial) and exits 130; the ranks
+    leave the interrupt to the parent and print nothing. A run with nothing to time, or whose
+    report cannot be written, exits 2 before any worker starts.
 
 pytest-xdist is not the tool for timed work: pytest-benchmark switches itself off under xdist
 (benchmarks "cannot be performed reliably in a parallelized environment"), and a sweep is not a
@@ -76,6 +79,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -101,11 +105,15 @@ from harness.sweep import (
     TimingPolicy,
     command_args,
     error_row,
+    full_plan,
     load_grid,
     non_finite_reason,
+    nothing_to_time,
+    out_problem,
     progress_bar,
-    registry_names,
     repro_command,
+    runs_text,
+    timed_modes,
     timed_row,
     with_speedups,
     write_sweep_report,
@@ -293,15 +301,9 @@ def _references() -> frozenset[str]:
     return frozenset(i.name for i in registry.implementations() if i.is_reference)
 
 
-def full_plan(opts: SweepOptions) -> list[PlannedCase]:
-    """The plan a sharded run deals out: every case with the implementations named on the
-    command line (or all registered), whatever is available where the parent runs."""
-    names = list(opts.impls) if opts.impls is not None else registry_names()
-    return opts.grid.plan(names, case_filter=opts.case_filter, modes=opts.modes)
-
-
 def shard_plan(opts: SweepOptions, n: int) -> list[list[PlannedCase]]:
-    """``full_plan(opts)`` dealt to ``n`` shards, each in grid order."""
+    """``full_plan(opts)`` (the plan a sharded run deals out, whatever is available where the
+    parent runs) dealt to ``n`` shards, each in grid order."""
     plan = full_plan(opts)
     refs = _references()
     costs = [estimated_seconds(c, refs, opts.grid.reference_max_gflop) for c in plan]
@@ -726,7 +728,7 @@ def run_rank(spec: TpSpec, rank: int, coll: Collective) -> Results:
                 impls[impl.name] = impl
             else:
                 unavailable.append({"impl": impl.name, "reason": reason})
-    modes = tuple(m for m in spec.modes if device.type == "cuda" or m != "graph")
+    modes = timed_modes(spec.modes, device)
     if len(modes) < len(spec.modes):
         notes.append("graph mode needs a CUDA device; only cold mode was timed")
     plan = grid.plan(list(impls), case_filter=spec.case_filter, modes=modes)
@@ -860,8 +862,24 @@ def check_own_gpu(coll: Collective, uuid: str, visible: str | None) -> None:
         )
 
 
+def _ignore_interrupt(signum: int, frame: Any) -> None:
+    return None
+
+
 def _rank_main(spec: TpSpec, rank: int, visible: str | None, barrier: Any, slots: Any, out: str) -> None:
     """A rank process: pin the GPU before CUDA starts, hold its lock, time, write results."""
+    # Ctrl-C reaches every process of the terminal's group, the ranks too, but it is the
+    # parent's to act on: it kills the ranks and removes their files. The ranks start with
+    # SIGINT blocked (:func:`run_ranks`), so one still importing is not interrupted either;
+    # a handler, unlike SIG_IGN, is not inherited by the programs a rank runs (a kernel build).
+    signal.signal(signal.SIGINT, _ignore_interrupt)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    # tqdm's default lock is a semaphore shared between processes, which a rank killed by the
+    # parent would leak (a warning at exit); rank 0 draws the only bar, so a thread lock will do
+    with contextlib.suppress(ImportError):
+        from tqdm import tqdm
+
+        tqdm.set_lock(threading.RLock())
     if visible is not None:
         if torch.cuda.is_initialized():
             raise RuntimeError(
@@ -1043,18 +1061,24 @@ def run_ranks(spec: TpSpec, slots: Sequence[GpuSlot], tmp: Path, timeout_s: floa
     barrier = ctx.Barrier(spec.size)
     shared = ctx.Array("d", spec.size, lock=False)
     procs = []
-    for rank, slot in enumerate(slots):
-        out = tmp / f"rank-{rank}.json"
-        proc = ctx.Process(
-            target=_rank_main,
-            args=(spec, rank, slot.visible, barrier, shared, str(out)),
-            name=f"tp-rank-{rank}",
-        )
-        proc.start()
-        procs.append((proc, out))
-    start = time.monotonic()
     ended: dict[int, Outcome] = {}
     try:
+        # a rank inherits the blocked SIGINT (an interrupt while it imports is not a traceback
+        # there); this process takes an interrupt held back meanwhile once it is unblocked
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            for rank, slot in enumerate(slots):
+                out = tmp / f"rank-{rank}.json"
+                proc = ctx.Process(
+                    target=_rank_main,
+                    args=(spec, rank, slot.visible, barrier, shared, str(out)),
+                    name=f"tp-rank-{rank}",
+                )
+                proc.start()
+                procs.append((proc, out))
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        start = time.monotonic()
         while len(ended) < len(procs):
             time.sleep(POLL_S)
             now = time.monotonic()
@@ -1108,9 +1132,31 @@ def _slots(option: str, value: str, device: torch.device) -> list[GpuSlot]:
 
 def _timeout(args: argparse.Namespace) -> float | None:
     value = args.worker_timeout
-    if value is not None and value <= 0:
-        raise ShardError(f"--worker-timeout {value:g}: expected a positive number of seconds")
+    if value is not None and not 0 < value < math.inf:  # nan too: it would never time out
+        raise ShardError(f"--worker-timeout {value:g}: expected a positive, finite number of seconds")
     return value
+
+
+def _check_can_run(opts: SweepOptions, out: str | None) -> None:
+    """Raise before any worker starts when the run has nothing to time or cannot write its report
+    (the messages name the option, as a plain sweep's do)."""
+    why = nothing_to_time(opts) or out_problem(out)
+    if why:
+        raise ShardError(why)
+
+
+@contextlib.contextmanager
+def workers_folder(prefix: str) -> Iterator[Path]:
+    """A temporary folder for the workers' files (``prefix`` + a unique suffix, in the system's
+    temporary folder). An interrupted run removes it: what the workers left there is partial,
+    and a finished shard's results.json would look like a whole run's. The run removes it
+    itself when it writes its report, and keeps it, named, when a worker failed."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield folder
+    except KeyboardInterrupt:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 def _main_sharded(args: argparse.Namespace, opts: SweepOptions) -> int:
@@ -1124,39 +1170,35 @@ def _main_sharded(args: argparse.Namespace, opts: SweepOptions) -> int:
             cost = sum(estimated_seconds(c, refs, opts.grid.reference_max_gflop) for c in cases)
             print(f"shard {k}/{n} on {_slot_text(slots[k])}: {len(cases)} case(s), ~{cost:.0f} s estimated")
             for c in cases:
-                runs = ", ".join(f"{r.impl} ({'/'.join(r.modes)})" for r in c.runs)
-                print(f"  {c.params.case_id}: {runs}")
+                print(f"  {c.params.case_id}: {runs_text(c)}")
         return 0
-    if not any(shards):
-        raise ShardError(
-            f"--gpus {args.gpus}: no case of grid {opts.grid.name} matches --case-filter {opts.case_filter!r}"
-        )
+    _check_can_run(opts, args.out)
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    with exclusive_gpu():
-        tmp = Path(tempfile.mkdtemp(prefix="verify-attention-shards-"))
-        outcomes = run_workers(args, slots, shards, tmp, timeout_s)
-    parts: list[Part] = []
-    failures: list[Failure] = []
-    for o in outcomes:
-        expected = tuple(c.params.case_id for c in shards[o.index])
-        results = o.results()
-        stray = sorted({r.case_id for r in results.sweep} - set(expected)) if results else []
-        if results is not None and not stray:
-            parts.append(Part(o.slot, results))
-            continue
-        why = f"timed cases outside its shard: {', '.join(stray)}" if stray else o.why()
-        pin = f"CUDA_VISIBLE_DEVICES={o.slot.visible} " if o.slot.visible is not None else ""
-        rerun = pin + shlex.join(worker_command(args, o.index, n, tmp / f"rerun-{o.index}"))
-        failures.append(Failure(o, why, expected, rerun))
-    if failures:
-        _report_failures(failures, tmp)
-        return EXIT_WORKER_FAILED
-    order = [c.params.case_id for c in full_plan(opts)]
-    code = _write(
-        merge_shards(parts, order, command=_command(args), created_utc=created),
-        args,
-        f"{opts.grid.name}-{n}gpus",
-    )
+    with workers_folder("verify-attention-shards-") as tmp:
+        with exclusive_gpu():
+            outcomes = run_workers(args, slots, shards, tmp, timeout_s)
+        parts: list[Part] = []
+        failures: list[Failure] = []
+        for o in outcomes:
+            expected = tuple(c.params.case_id for c in shards[o.index])
+            results = o.results()
+            stray = sorted({r.case_id for r in results.sweep} - set(expected)) if results else []
+            if results is not None and not stray:
+                parts.append(Part(o.slot, results))
+                continue
+            why = f"timed cases outside its shard: {', '.join(stray)}" if stray else o.why()
+            pin = f"CUDA_VISIBLE_DEVICES={o.slot.visible} " if o.slot.visible is not None else ""
+            rerun = pin + shlex.join(worker_command(args, o.index, n, tmp / f"rerun-{o.index}"))
+            failures.append(Failure(o, why, expected, rerun))
+        if failures:
+            _report_failures(failures, tmp)
+            return EXIT_WORKER_FAILED
+        order = [c.params.case_id for c in full_plan(opts)]
+        code = _write(
+            merge_shards(parts, order, command=_command(args), created_utc=created),
+            args,
+            f"{opts.grid.name}-{n}gpus",
+        )
     shutil.rmtree(tmp, ignore_errors=True)
     return code
 
@@ -1174,13 +1216,11 @@ def _main_tp(args: argparse.Namespace, opts: SweepOptions) -> int:
         )
     if args.list:
         for c in plan:
-            runs = ", ".join(f"{r.impl} ({'/'.join(r.modes)})" for r in c.runs)
-            print(f"{tp_case_id(c.params.case_id, n)} ({c.params.num_heads // n} heads per rank): {runs}")
+            print(
+                f"{tp_case_id(c.params.case_id, n)} ({c.params.num_heads // n} heads per rank): {runs_text(c)}"
+            )
         return 0
-    if not plan:
-        raise ShardError(
-            f"--tp {n}: no case of grid {opts.grid.name} matches --case-filter {opts.case_filter!r}"
-        )
+    _check_can_run(opts, args.out)
     spec = TpSpec(
         grid_arg=opts.grid_arg,
         impls=opts.impls,
@@ -1191,19 +1231,21 @@ def _main_tp(args: argparse.Namespace, opts: SweepOptions) -> int:
         command=_command(args),
     )
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    with exclusive_gpu():
-        tmp = Path(tempfile.mkdtemp(prefix="verify-attention-tp-"))
-        outcomes = run_ranks(spec, slots, tmp, timeout_s)
-    loaded = [(o, o.results()) for o in outcomes]
-    if any(r is None for _, r in loaded):
-        # a TP step needs every rank: one missing rank leaves every case untimed
-        every = tuple(tp_case_id(c.params.case_id, n) for c in plan)
-        _report_failures([Failure(o, o.why(), every, spec.command) for o, r in loaded if r is None], tmp)
-        return EXIT_WORKER_FAILED
-    parts = [Part(o.slot, r) for o, r in loaded if r is not None]
-    code = _write(
-        merge_tp(parts, size=n, command=spec.command, created_utc=created), args, f"{opts.grid.name}-tp{n}"
-    )
+    with workers_folder("verify-attention-tp-") as tmp:
+        with exclusive_gpu():
+            outcomes = run_ranks(spec, slots, tmp, timeout_s)
+        loaded = [(o, o.results()) for o in outcomes]
+        if any(r is None for _, r in loaded):
+            # a TP step needs every rank: one missing rank leaves every case untimed
+            every = tuple(tp_case_id(c.params.case_id, n) for c in plan)
+            _report_failures([Failure(o, o.why(), every, spec.command) for o, r in loaded if r is None], tmp)
+            return EXIT_WORKER_FAILED
+        parts = [Part(o.slot, r) for o, r in loaded if r is not None]
+        code = _write(
+            merge_tp(parts, size=n, command=spec.command, created_utc=created),
+            args,
+            f"{opts.grid.name}-tp{n}",
+        )
     shutil.rmtree(tmp, ignore_errors=True)
     return code
 

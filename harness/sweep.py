@@ -43,12 +43,17 @@ The run holds the box's GPU lock throughout (:func:`harness.timing.exclusive_gpu
 Modes: ``cold`` times eager calls, ``graph`` CUDA-graph replays; both on a cold L2 (the method
 is in :mod:`harness.timing`). A progress bar shows the case, implementation and mode being timed
 and the time left. ``--device cpu`` runs the plumbing with the host clock (no graph mode, no
-ceilings, no NVML): for checking a grid or an implementation's wiring, not for numbers.
+ceilings, no NVML): for checking a grid or an implementation's wiring, not for numbers; there
+``--list`` shows the cold runs only, as they are what runs.
 
 Several GPUs (:mod:`harness.shard`): ``--gpus all|N`` deals the cases to N GPUs, one worker
 process per GPU, and merges their rows into one report; ``--tp N`` times every case
 tensor-parallel on N GPUs at once (H/N heads each, the same KV); ``--shard K/N`` is the worker
 mode that times shard K of N alone.
+
+Before timing anything the sweep checks that it has something to time (a case that
+``--case-filter`` keeps, a mode that runs on the device) and that the report's folder can be
+created and written; if not, it exits 2 naming the option and writes nothing.
 
 Exit status: 0 when every row was timed, 1 when any row is an error, 2 on bad arguments, 3 when
 a worker of a ``--gpus``/``--tp`` run failed (no report is written then).
@@ -73,8 +78,10 @@ import torch
 
 from harness import nvml, registry
 from harness.cases import LAYOUTS, TREE_KINDS, CaseParams, build_batch
+from harness.cli import check_out_dir, positive_number
 from harness.env import environment, git_info
 from harness.registry import Implementation, RunFn, impl_config_of
+from harness.results import REPORTS_DIR as REPORTS_DIR  # the repository's reports/, from any directory
 from harness.results import Results, SweepRow, run_folder
 from harness.roofline import Ceilings, measure_ceilings, throughput
 from harness.timing import MODES, Timing, exclusive_gpu, l2_bytes_of, measure, rotation_sets, round_sig
@@ -86,7 +93,6 @@ except ModuleNotFoundError:  # Python 3.10
 
 GRIDS_DIR = Path(__file__).parent / "grids"
 REPO_ROOT = Path(__file__).resolve().parent.parent
-REPORTS_DIR = Path("reports")
 AXES = ("batch_size", "prefix_len", "num_heads", "tree_size", "tree", "layout")
 DEFAULT_AXES: dict[str, list[Any]] = {"tree": ["eagle"], "layout": ["shuffled"]}
 GROUP_KEYS = {"name", "impls", "modes", "timing", *AXES}
@@ -195,6 +201,11 @@ def select_cases(case_ids: Sequence[str], case_filter: str) -> list[str]:
     return [c for c in case_ids if case_filter in c]
 
 
+def timed_modes(modes: Sequence[str], device: torch.device) -> tuple[str, ...]:
+    """The ``modes`` a run on ``device`` times: graph mode needs a CUDA device."""
+    return tuple(m for m in modes if device.type == "cuda" or m != "graph")
+
+
 def _int_list(source: str, where: str, key: str, value: Any) -> list[int]:
     if (
         not isinstance(value, list)
@@ -223,8 +234,12 @@ def _timing(source: str, where: str, table: Any, base: TimingPolicy) -> TimingPo
         raise GridError(f"{source}, {where}: unknown timing keys {unknown}; expected among {sorted(known)}")
     for key, value in table.items():
         kind = int if key in ("warmup", "min_samples", "max_samples") else (int, float)
-        if isinstance(value, bool) or not isinstance(value, kind) or value < 0:
-            raise GridError(f"{source}, {where}: timing.{key} must be a non-negative number, got {value!r}")
+        # inf or nan would pass a comparison that should fail (nan < 0 is false): a nan rel_ci
+        # never stops sampling, an infinite max_time_s no longer bounds it
+        if isinstance(value, bool) or not isinstance(value, kind) or not 0 <= value < math.inf:
+            raise GridError(
+                f"{source}, {where}: timing.{key} must be a finite non-negative number, got {value!r}"
+            )
     policy = replace(base, **table)
     if not 1 <= policy.min_samples <= policy.max_samples or policy.max_time_s <= 0:
         raise GridError(
@@ -245,13 +260,16 @@ def parse_grid(text: str, *, name: str, source: str) -> Grid:
     base = _timing(source, "[timing]", doc.get("timing", {}), TimingPolicy())
     reference = doc.get("reference", {})
     max_gflop = reference.get("max_gflop", math.inf) if isinstance(reference, dict) else reference
-    if isinstance(max_gflop, bool) or not isinstance(max_gflop, (int, float)) or max_gflop < 0:
+    # inf is the default (no cap); nan would compare false with every size, a cap in name only
+    if isinstance(max_gflop, bool) or not isinstance(max_gflop, (int, float)) or not max_gflop >= 0:
         raise GridError(f"{source}, [reference]: max_gflop must be a non-negative number, got {max_gflop!r}")
     raw_groups = doc.get("group")
     if not isinstance(raw_groups, list) or not raw_groups:
         raise GridError(f"{source}: expected at least one [[group]] table, got {raw_groups!r}")
     groups = []
     for i, g in enumerate(raw_groups):
+        if not isinstance(g, dict):
+            raise GridError(f"{source}: group #{i + 1} must be a [[group]] table, got {g!r}")
         gname = g.get("name", f"#{i + 1}")
         where = f"group {gname!r}"
         unknown = sorted(set(g) - GROUP_KEYS)
@@ -322,6 +340,45 @@ class SweepOptions:
     case_filter: str
     device: torch.device
     case_ids: frozenset[str] | None = None  # only these cases (a shard's); None = every case
+
+
+def full_plan(opts: SweepOptions) -> list[PlannedCase]:
+    """Every case of the run with the implementations named on the command line (or all
+    registered, whatever is available where this runs) and the modes timed on its device."""
+    names = list(opts.impls) if opts.impls is not None else registry_names()
+    return opts.grid.plan(names, case_filter=opts.case_filter, modes=timed_modes(opts.modes, opts.device))
+
+
+def nothing_to_time(opts: SweepOptions) -> str:
+    """Why :func:`full_plan` has nothing to time, naming the option; "" when it has something."""
+    if full_plan(opts):
+        return ""
+    grid, case_filter = opts.grid, opts.case_filter
+    cases = f"the cases --case-filter {case_filter!r} keeps" if case_filter else "its cases"
+    if not grid.plan(registry_names(), case_filter=case_filter):
+        return f"no case of grid {grid.name} matches --case-filter {case_filter!r}"
+    if opts.impls is not None and not grid.plan(list(opts.impls), case_filter=case_filter):
+        return f"--impls {','.join(opts.impls)}: grid {grid.name} times none of them on {cases}"
+    if not timed_modes(opts.modes, opts.device):
+        return (
+            f"--modes {','.join(opts.modes)}: no mode left to time on this device (--device "
+            f"{opts.device.type}; graph mode needs a CUDA device)"
+        )
+    return (
+        f"--device {opts.device.type}: no mode left to time on this device; grid {grid.name} times "
+        f"{cases} in graph mode only, which needs a CUDA device"
+    )
+
+
+def out_problem(out: str | None) -> str:
+    """Why the report's folder (``out``, else reports/) cannot be created and written, naming
+    --out; "" when it can (:func:`harness.cli.check_out_dir`, before timing)."""
+    folder = Path(out) if out else REPORTS_DIR
+    try:
+        check_out_dir(folder, "--out" if out else "no --out: the reports folder")
+    except ValueError as e:
+        return str(e)
+    return ""
 
 
 def repro_command(opts: SweepOptions, case_id: str, impl: str, mode: str) -> str:
@@ -531,17 +588,11 @@ def run_sweep(opts: SweepOptions, command: str) -> Results:
         ok, reason = impl.availability(device)
         (available if ok else unavailable).append(impl if ok else {"impl": impl.name, "reason": reason})
     impls = {i.name: i for i in available}
-    plan = opts.grid.plan(list(impls), case_filter=opts.case_filter, modes=opts.modes)
-    plan = [c for c in plan if opts.case_ids is None or c.params.case_id in opts.case_ids]
-    modes = [m for m in opts.modes if device.type == "cuda" or m != "graph"]
+    modes = timed_modes(opts.modes, device)
     if len(modes) < len(opts.modes):
         notes.append("graph mode needs a CUDA device; only cold mode was timed")
-    plan = [
-        PlannedCase(
-            c.params, tuple(replace(r, modes=tuple(m for m in r.modes if m in modes)) for r in c.runs)
-        )
-        for c in plan
-    ]
+    plan = opts.grid.plan(list(impls), case_filter=opts.case_filter, modes=modes)
+    plan = [c for c in plan if opts.case_ids is None or c.params.case_id in opts.case_ids]
 
     snap, reason = nvml.snapshot(device)
     if snap is None:
@@ -602,44 +653,50 @@ def _csv(value: str | None, allowed: Sequence[str] | None, option: str) -> tuple
     return items
 
 
-def main(args: argparse.Namespace) -> int:
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
 
+
+def main(args: argparse.Namespace) -> int:
     try:
         grid = load_grid(args.grid)
         grid.check_impls(registry_names())
         impls = _csv(args.impls, registry_names(), "--impls")
         modes = _csv(args.modes, MODES, "--modes") or MODES
     except GridError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return _error(str(e))
     device = torch.device(args.device)
     opts = SweepOptions(grid, args.grid, impls, modes, args.case_filter, device)
     if args.gpus is not None or args.tp is not None:
         from harness import shard
 
         return shard.main(args, opts)
+    if args.worker_timeout is not None:
+        return _error(
+            f"--worker-timeout {args.worker_timeout:g}: applies to the workers of --gpus/--tp only; "
+            "this sweep starts none"
+        )
     if args.shard is not None:
         from harness import shard
 
         try:
             opts = replace(opts, case_ids=shard.worker_case_ids(opts, args.shard))
         except shard.ShardError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+            return _error(str(e))
     if args.list:
         names = [n for n in registry_names() if impls is None or n in impls]
-        for case in grid.plan(names, case_filter=args.case_filter, modes=modes):
-            if opts.case_ids is not None and case.params.case_id not in opts.case_ids:
-                continue
-            runs = ", ".join(f"{r.impl} ({'/'.join(r.modes)})" for r in case.runs)
-            print(f"{case.params.case_id}: {runs}")
+        for case in grid.plan(names, case_filter=args.case_filter, modes=timed_modes(modes, device)):
+            if opts.case_ids is None or case.params.case_id in opts.case_ids:
+                print(f"{case.params.case_id}: {runs_text(case)}")
         return 0
     if device.type == "cuda" and not torch.cuda.is_available():
-        print(
-            "error: --device cuda: no CUDA device is visible to torch (use --device cpu to check plumbing)",
-            file=sys.stderr,
+        return _error(
+            "--device cuda: no CUDA device is visible to torch (use --device cpu to check plumbing)"
         )
-        return 2
+    why = nothing_to_time(opts) or out_problem(args.out)
+    if why:
+        return _error(why)
     command = shlex.join(["python", "-m", "harness", "sweep", *command_args(args)])
     if args.shard is not None:
         lock = shard.worker_lock(device, under_parent=shard.PARENT_ENV in os.environ)
@@ -648,6 +705,11 @@ def main(args: argparse.Namespace) -> int:
     with lock:
         results = run_sweep(opts, command)
     return write_sweep_report(results, args.out, grid.name)
+
+
+def runs_text(case: PlannedCase) -> str:
+    """``impl (mode/mode), ...``: what ``--list`` shows of a planned case."""
+    return ", ".join(f"{r.impl} ({'/'.join(r.modes)})" for r in case.runs)
 
 
 def write_sweep_report(results: Results, out: str | None, grid_label: str) -> int:
@@ -670,6 +732,14 @@ def write_sweep_report(results: Results, out: str | None, grid_label: str) -> in
     return 1 if errors else 0
 
 
+def worker_timeout(text: str) -> float:
+    """An argparse ``type``: a positive, finite number of seconds."""
+    value = positive_number("seconds")(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {text!r}")
+    return value
+
+
 def register_cli(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sweep",
@@ -682,7 +752,10 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--case-filter", default="", help="keep cases whose id contains this (or equals it)")
     p.add_argument("--out", help="output folder (default: reports/<UTC time>-sweep-<grid>-<gpu>-<sha7>)")
     p.add_argument(
-        "--device", default="cuda", help="cuda (default) or cpu (plumbing checks only, host clock)"
+        "--device",
+        default="cuda",
+        choices=("cuda", "cpu"),
+        help="cuda (default) or cpu (plumbing checks only, host clock)",
     )
     p.add_argument("--list", action="store_true", help="print the planned cases and exit")
     several = p.add_mutually_exclusive_group()
@@ -697,7 +770,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     several.add_argument("--shard", metavar="K/N", help="worker mode: time shard K (from 0) of N alone")
     p.add_argument(
         "--worker-timeout",
-        type=float,
+        type=worker_timeout,
         metavar="S",
         help="with --gpus/--tp: kill a worker still running after S seconds (default: no limit)",
     )

@@ -10,10 +10,16 @@ tests run the same paths on one GPU with the kernel.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import fcntl
 import io
+import math
+import os
 import random
 import re
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -31,7 +37,7 @@ from harness.cli import main as cli_main
 from harness.registry import Implementation
 from harness.results import Results, SweepRow, load_results
 from harness.roofline import Ceilings, floor_ms
-from harness.sweep import MODES, SweepOptions, TimingPolicy, parse_grid
+from harness.sweep import MODES, REPO_ROOT, SweepOptions, TimingPolicy, parse_grid
 from harness.timing import round_sig
 
 GRID = """
@@ -195,6 +201,77 @@ def test_sweep_with_tp_not_dividing_the_heads_exits_2_naming_tp_and_the_case(gri
     err = capsys.readouterr().err
     assert "error: --tp 3: every rank takes H/3 heads" in err
     assert "case B1-P64-T4-H8-shuffled has 8" in err
+
+
+@pytest.fixture()
+def no_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that gets as far as starting workers or ranks fails the test."""
+
+    def start(*args, **kwargs):
+        raise AssertionError("workers were started")
+
+    monkeypatch.setattr(shard, "run_workers", start)
+    monkeypatch.setattr(shard, "run_ranks", start)
+
+
+@pytest.mark.parametrize("several", [["--gpus", "2"], ["--tp", "2"]], ids=["gpus", "tp"])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--case-filter", "nomatch"], "error: no case of grid grid matches --case-filter 'nomatch'"),
+        (["--modes", "graph"], "error: --modes graph: no mode left to time on this device (--device cpu;"),
+    ],
+    ids=["no-case", "graph-mode-on-the-cpu"],
+)
+def test_a_run_with_nothing_to_time_exits_2_before_starting_workers(
+    grid_file: Path,
+    tmp_path: Path,
+    no_workers: None,
+    capsys,
+    several: list[str],
+    extra: list[str],
+    message: str,
+) -> None:
+    assert cli_main(_args(grid_file, tmp_path / "run", *several, *extra)) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("several", [["--gpus", "2"], ["--tp", "2"]], ids=["gpus", "tp"])
+def test_a_run_whose_out_is_a_file_exits_2_naming_out_before_starting_workers(
+    grid_file: Path, tmp_path: Path, no_workers: None, capsys, several: list[str]
+) -> None:
+    out = tmp_path / "taken"
+    out.write_text("keep me")
+    assert cli_main(_args(grid_file, out, *several)) == 2
+    assert f"error: --out {out} is a file; expected a folder" in capsys.readouterr().err
+    assert out.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, 0.0, -5.0])
+def test_a_worker_timeout_that_is_not_a_positive_finite_number_is_an_error(value: float) -> None:
+    with pytest.raises(
+        shard.ShardError, match="--worker-timeout .*: expected a positive, finite number of seconds"
+    ):
+        shard._timeout(argparse.Namespace(worker_timeout=value))
+
+
+@pytest.mark.parametrize(
+    ("several", "first"),
+    [(["--gpus", "2"], "shard 0/2 on CPU worker 0"), (["--tp", "2"], "B1-P64-T1-H8-shuffled-tp2")],
+    ids=["gpus", "tp"],
+)
+def test_listing_a_cpu_run_shows_only_the_modes_the_cpu_times(
+    grid_file: Path, capsys, several: list[str], first: str
+) -> None:
+    assert (
+        cli_main(
+            ["sweep", "--grid", str(grid_file), "--device", "cpu", "--impls", "oracle", "--list", *several]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert out.startswith(first) and "oracle (cold)" in out and "graph" not in out
 
 
 def test_each_gpu_has_its_own_lock_beside_the_boxs() -> None:
@@ -550,6 +627,76 @@ def test_a_worker_past_the_timeout_is_killed_and_named(
     assert code == shard.EXIT_WORKER_FAILED and time.monotonic() - start < 20
     assert "error: shard 0/2 on CPU worker 0 timed out after" in err and "and was killed" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_an_interrupted_sharded_run_removes_its_workers_partial_files(
+    grid_file: Path, run_temp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each worker writes a complete-looking results.json and keeps running; Ctrl-C (SIGINT to
+    this process) comes once both have started."""
+    worker = "import pathlib, sys, time; p = pathlib.Path(sys.argv[1]); p.mkdir(); (p / 'results.json').write_text('{}'); time.sleep(60)"
+    timers: list[threading.Timer] = []
+
+    def command(args, k, n, out):
+        if k == n - 1:
+            timers.append(threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)))
+            timers[0].start()
+        return [sys.executable, "-c", worker, str(out)]
+
+    monkeypatch.setattr(shard, "worker_command", command)
+    start = time.monotonic()
+    code, err = _stderr_of(monkeypatch, lambda: cli_main(_args(grid_file, tmp_path / "run", "--gpus", "2")))
+    timers[0].join()
+    assert code == 130 and time.monotonic() - start < 30
+    assert "interrupted" in err
+    assert not any(run_temp.glob("verify-attention-shards-*")) and not (tmp_path / "run").exists()
+
+
+def test_an_interrupted_tp_run_removes_its_files_and_its_ranks_stop_without_a_traceback(
+    grid_file: Path, tmp_path: Path
+) -> None:
+    """A real Ctrl-C: SIGINT to the whole process group, the ranks included, while they start."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    log = tmp_path / "stderr.log"
+    # SIGINT at its default even where this test runs with it ignored (a background job)
+    main = "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); from harness.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(REPO_ROOT)}
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", main, *_args(grid_file, tmp_path / "tp", "--tp", "2")],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while (
+            not any(temp.glob("verify-attention-tp-*"))
+            and proc.poll() is None
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        time.sleep(1.0)  # the ranks are starting (importing torch) or timing
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(60) == 130, log.read_text()
+        while time.monotonic() < deadline:  # the ranks and multiprocessing's helper exit too
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("processes of the interrupted run are still running")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert "interrupted" in text
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text and "leaked" not in text, text
+    assert not any(temp.glob("verify-attention-tp-*")) and not (tmp_path / "tp").exists()
 
 
 def test_a_tp_cpu_run_pairs_every_rounds_samples_across_two_ranks(

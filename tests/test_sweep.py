@@ -12,19 +12,20 @@ import contextlib
 import io
 import json
 import sys
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import torch
 
-from harness import registry
+from harness import registry, report, sweep
 from harness.batch import QK_DIM, VerifyBatch
 from harness.cases import CaseParams, build_batch
 from harness.cli import main as cli_main
 from harness.env import environment
 from harness.registry import Implementation
-from harness.results import SweepRow, load_results
+from harness.results import REPORTS_DIR, Results, SweepRow, load_results
 from harness.sweep import (
     GridError,
     load_grid,
@@ -235,6 +236,25 @@ def test_a_group_naming_an_unknown_implementation_is_an_error() -> None:
 def test_unknown_grid_name_lists_the_shipped_grids() -> None:
     with pytest.raises(GridError, match="expected a name among default, full, quick"):
         load_grid("nightly")
+
+
+def test_a_group_that_is_not_a_table_is_an_error_naming_the_group() -> None:
+    with pytest.raises(GridError, match=r"t\.toml: group #1 must be a \[\[group\]\] table, got 1"):
+        parse_grid("group = [1, 2]\n", name="t", source="t.toml")
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+@pytest.mark.parametrize("key", ["max_time_s", "rel_ci"])
+@pytest.mark.parametrize("table", ["[timing]", "[group.timing]"])
+def test_a_non_finite_timing_value_is_an_error_naming_the_key(table: str, key: str, value: str) -> None:
+    where = r"\[timing\]" if table == "[timing]" else "group 'extra'"
+    with pytest.raises(GridError, match=rf"{where}: timing\.{key} must be a finite non-negative number"):
+        parse_grid(GRID.replace(table, f"{table}\n{key} = {value}"), name="t", source="t.toml")
+
+
+def test_a_nan_reference_cap_is_an_error() -> None:
+    with pytest.raises(GridError, match=r"\[reference\]: max_gflop must be a non-negative number, got nan"):
+        parse_grid(GRID.replace("max_gflop = 1.0", "max_gflop = nan"), name="t", source="t.toml")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -492,6 +512,32 @@ def test_sweep_list_prints_the_plan_without_timing(stand_ins: None, tmp_path: Pa
     ]
 
 
+GRAPH_ONLY_GROUP = """
+[[group]]
+name = "graph-only"
+batch_size = [2]
+prefix_len = [64]
+num_heads = [8]
+tree_size = [4]
+modes = ["graph"]
+"""
+
+
+def test_sweep_list_on_the_cpu_shows_only_the_modes_the_cpu_times(
+    stand_ins: None, tmp_path: Path, capsys
+) -> None:
+    grid = tmp_path / "cpu.toml"
+    grid.write_text(CPU_GRID + GRAPH_ONLY_GROUP)
+    args = ["sweep", "--grid", str(grid), "--list", "--impls", "quick-impl,slow-impl"]
+    assert cli_main([*args, "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "B1-P64-T4-H8-shuffled: quick-impl (cold), slow-impl (cold)",
+        "B1-P4096-T4-H8-shuffled: quick-impl (cold), slow-impl (cold)",
+    ]
+    assert cli_main(args) == 0  # on CUDA the graph runs are listed, the graph-only case too
+    assert "B2-P64-T4-H8-shuffled: quick-impl (graph), slow-impl (graph)" in capsys.readouterr().out
+
+
 def test_sweep_rejects_an_unknown_implementation_name(stand_ins: None, tmp_path: Path, capsys) -> None:
     grid = tmp_path / "cpu.toml"
     grid.write_text(CPU_GRID)
@@ -519,3 +565,118 @@ def test_sweep_without_tqdm_prints_progress_lines(
     err = capsys.readouterr().err
     assert "sweep cpu: 1/1 B1-P64-T4-H8-shuffled quick-impl cold, ~0 s left" in err
     assert "sweep cpu: 1/1 done in" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# Refused before timing: exit 2, the option named, nothing written
+
+
+@pytest.fixture()
+def no_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep that gets as far as timing fails the test."""
+
+    def run_sweep(opts, command):
+        raise AssertionError(f"the sweep started timing: {command}")
+
+    monkeypatch.setattr(sweep, "run_sweep", run_sweep)
+
+
+def _cpu_args(tmp_path: Path, grid_text: str = CPU_GRID) -> list[str]:
+    grid = tmp_path / "cpu.toml"
+    grid.write_text(grid_text)
+    return ["sweep", "--grid", str(grid), "--device", "cpu"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "grid_text", "message"),
+    [
+        (["--case-filter", "nomatch"], CPU_GRID, "error: no case of grid cpu matches --case-filter 'nomatch'"),
+        (["--modes", "graph"], CPU_GRID,
+         "error: --modes graph: no mode left to time on this device (--device cpu; graph mode needs a CUDA device)"),
+        (["--case-filter", "B2-"], CPU_GRID + GRAPH_ONLY_GROUP,
+         "error: --device cpu: no mode left to time on this device; grid cpu times the cases "
+         "--case-filter 'B2-' keeps in graph mode only"),
+    ],
+    ids=["no-case", "graph-mode-on-the-cpu", "graph-only-cases-on-the-cpu"],
+)  # fmt: skip
+def test_a_sweep_with_nothing_to_time_exits_2_naming_the_option_and_writes_nothing(
+    stand_ins: None, no_timing: None, tmp_path: Path, capsys, extra: list[str], grid_text: str, message: str
+) -> None:
+    out = tmp_path / "run"
+    assert cli_main([*_cpu_args(tmp_path, grid_text), "--out", str(out), *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_sweep_refuses_a_device_other_than_cuda_or_cpu(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["sweep", "--device", "foo", "--list"])
+    assert exit_.value.code == 2
+    assert "argument --device: invalid choice: 'foo'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-5", "0", "soon"])
+def test_sweep_refuses_a_worker_timeout_that_is_not_a_positive_finite_number(value: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["sweep", "--device", "cpu", "--gpus", "2", "--list", "--worker-timeout", value])
+    assert exit_.value.code == 2
+    assert "argument --worker-timeout: expected a" in capsys.readouterr().err
+
+
+def test_a_worker_timeout_without_gpus_or_tp_is_an_error(
+    stand_ins: None, no_timing: None, tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "run"
+    assert cli_main([*_cpu_args(tmp_path), "--worker-timeout", "5", "--out", str(out)]) == 2
+    assert "error: --worker-timeout 5: applies to the workers of --gpus/--tp only" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_sweep_whose_out_is_a_file_exits_2_naming_out_before_timing(
+    stand_ins: None, no_timing: None, tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "taken"
+    out.write_text("keep me")
+    assert cli_main([*_cpu_args(tmp_path), "--out", str(out)]) == 2
+    assert f"error: --out {out} is a file; expected a folder" in capsys.readouterr().err
+    assert out.read_text() == "keep me"
+
+
+def test_a_sweep_that_cannot_write_under_out_exits_2_and_leaves_no_folder_behind(
+    stand_ins: None, no_timing: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    out = tmp_path / "new" / "run"
+    assert cli_main([*_cpu_args(tmp_path), "--out", str(out)]) == 2
+    assert (
+        f"error: --out {out}: cannot create or write a file there (Permission denied)"
+        in capsys.readouterr().err
+    )
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_sweep_without_out_checks_the_reports_folder_before_timing(
+    stand_ins: None, no_timing: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    reports = tmp_path / "reports"
+    reports.write_text("")
+    monkeypatch.setattr(sweep, "REPORTS_DIR", reports)
+    assert cli_main(_cpu_args(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert "error: no --out: the reports folder" in err and "is a file; expected a folder" in err
+
+
+def test_a_sweep_without_out_writes_under_the_repositorys_reports_from_any_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    written: list[Path] = []
+    monkeypatch.setattr(report, "write_run", lambda results, out_dir: written.append(out_dir))
+    run = Results("sweep", "t", "c", git={"sha": "abc1234def"}, environment={"gpu": None})
+    assert sweep.write_sweep_report(run, None, "quick") == 0
+    (out_dir,) = written
+    assert out_dir.parent == REPORTS_DIR and REPORTS_DIR.is_absolute()
+    assert out_dir.name.endswith("-sweep-quick-cpu-abc1234")
