@@ -50,7 +50,8 @@ Output: ``results.json`` of kind "ab" (rows ``base:<sha7>`` and ``head:<sha7>``;
 note holds its verdict; ``speedup`` as in a sweep, over the other side; the run's notes list every
 verdict), ``index.html`` and the compare HTML, under ``reports/<UTC time>-ab-<grid>-<gpu>-
 <base sha7>-vs-<head sha7>/`` unless ``--out``. Exit 1 on any SLOWER (or a failed self-check),
-2 when it cannot run (no CUDA, unknown revision), else 0.
+2 when it cannot run (no CUDA, unknown revision, an ``--out`` that cannot be written: checked
+before the timing), else 0. ``results.json`` is written last, after the pages.
 """
 
 from __future__ import annotations
@@ -78,10 +79,11 @@ import torch
 from harness import compare
 from harness.batch import VerifyBatch
 from harness.cases import build_batch
+from harness.cli import check_out_dir
 from harness.env import environment, git_info
 from harness.impl_kernel import kernel_call
 from harness.registry import RunFn, impl_config_of
-from harness.results import Results, SweepRow, write_results
+from harness.results import REPORTS_DIR, Results, SweepRow, atomic_write_text, write_results
 from harness.sweep import GridError, PlannedCase, TimingPolicy, load_grid, with_speedups
 from harness.timing import exclusive_gpu, l2_bytes_of, measure, rotation_sets, round_sig, summarize
 
@@ -322,6 +324,30 @@ def run_dir_name(grid: str, gpu_name: str | None, base7: str, head7: str, now: d
     )
 
 
+def default_out_dir(grid: str, gpu_name: str | None, base7: str, head7: str, now: datetime) -> Path:
+    """reports/<UTC time>-ab-<grid>-<gpu>-<base sha7>-vs-<head sha7> in the repository's reports/
+    (:data:`harness.results.REPORTS_DIR`), wherever the command runs from."""
+    return REPORTS_DIR / run_dir_name(grid, gpu_name, base7, head7, now)
+
+
+def write_report(results: Results, out_dir: Path, min_change: float) -> compare.Comparison:
+    """Write the run's pages (index.html, the compare HTML), then ``results.json`` last, so that a
+    run cut short never leaves a complete-looking results.json without its pages; prints the
+    comparison and returns it."""
+    from harness.report import render_html
+
+    json_path = out_dir / "results.json"
+    try:
+        atomic_write_text(out_dir / "index.html", render_html(results, str(json_path)))
+    except Exception as e:  # the overview page is extra: the comparison and the results still get written
+        print(f"ab: index.html not rendered: {type(e).__name__}: {e}", file=sys.stderr)
+    comparison = compare.compare_results(*split_ab(results), min_change=min_change)
+    print(compare.format_terminal(comparison))
+    print(f"html: {compare.write_html(comparison, out_dir)}")
+    write_results(results, json_path)
+    return comparison
+
+
 # ---------------------------------------------------------------------------------------------
 # The run (CUDA only)
 
@@ -492,8 +518,6 @@ def run_ab(args: argparse.Namespace) -> int:
         raise ABError(
             "ab times two kernels on one GPU and needs CUDA: torch.cuda.is_available() is False on this machine"
         )
-    from harness.report import write_run
-
     device = torch.device("cuda")
     git = git_info()
     head7 = f"{(git.get('sha') or 'nogit')[:7]}{'+dirty' if git.get('dirty') else ''}"
@@ -501,6 +525,11 @@ def run_ab(args: argparse.Namespace) -> int:
     plan = grid.plan([args.impl])
     if not plan:
         raise ABError(f"--grid {args.grid}: no case times {args.impl}")
+    if args.out is not None:
+        try:
+            check_out_dir(args.out)
+        except ValueError as e:  # before the timing, so that a bad --out costs no run
+            raise ABError(str(e)) from e
     # This checkout's kernel, imported only here so that other commands never depend on it.
     import kernel as head_module
 
@@ -546,17 +575,8 @@ def run_ab(args: argparse.Namespace) -> int:
     )
     gpu = (results.environment.get("gpu") or {}).get("name")
     base7 = contenders[0].label.removeprefix(BASE_PREFIX)
-    out_dir = args.out or Path("reports") / run_dir_name(
-        grid.name, gpu, base7, head7, datetime.now(timezone.utc)
-    )
-    write_results(results, out_dir / "results.json")
-    comparison = compare.compare_results(*split_ab(results), min_change=args.min_change)
-    print(compare.format_terminal(comparison))
-    print(f"html: {compare.write_html(comparison, out_dir)}")
-    try:
-        write_run(results, out_dir)
-    except Exception as e:  # the results and the comparison are written; the overview page is extra
-        print(f"ab: index.html not rendered: {type(e).__name__}: {e}", file=sys.stderr)
+    out_dir = args.out or default_out_dir(grid.name, gpu, base7, head7, datetime.now(timezone.utc))
+    comparison = write_report(results, out_dir, args.min_change)
     if args.slowdown:
         ok, text = slowdown_selfcheck([v.verdict for v in comparison.timing])
         print(text)

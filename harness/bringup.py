@@ -36,7 +36,8 @@ it finished. The other steps write their own report folders under ``reports/`` a
 
 Running again into the same ``--out`` replaces the records of the steps it runs and keeps the
 others (e.g. ``--only tp`` after a box with more GPUs was lent). ``--list`` prints the plan and
-each skip's reason without running anything.
+each skip's reason without running anything. ``--only``/``--skip`` that leave no step to run, or
+an ``--out`` that cannot be written, exit 2 before any step.
 """
 
 from __future__ import annotations
@@ -219,7 +220,15 @@ def select(steps: list[Step], only: Sequence[str] | None, skip: Sequence[str] | 
             raise ValueError(
                 f"{option}: unknown step(s) {', '.join(unknown)}; the steps are {', '.join(STEP_NAMES)}"
             )
-    return [s for s in steps if (not only or s.name in only) and s.name not in (skip or ())]
+    chosen = [s for s in steps if (only is None or s.name in only) and s.name not in (skip or ())]
+    if not chosen:
+        given = " ".join(
+            f"{o} {','.join(n)!r}" for o, n in (("--only", only), ("--skip", skip)) if n is not None
+        )
+        raise ValueError(
+            f"{given or 'the plan'} selects no step; expected at least one of {', '.join(s.name for s in steps)}"
+        )
+    return chosen
 
 
 # ---------------------------------------------------------------------------------------------
@@ -499,12 +508,14 @@ def main(
                 note = f"  [skipped: {reason}]" if reason else ""
             print(f"{s.name:12s} {command_text(s, out_dir)}{note}")
         return 0
+    from harness.cli import check_out_dir
+
     try:
         previous = load_record(out_dir) or {}
+        check_out_dir(out_dir)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out_dir.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,

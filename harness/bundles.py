@@ -64,6 +64,7 @@ import torch
 
 from harness import readout, tree
 from harness.batch import QK_DIM, V_DIM, VerifyBatch
+from harness.cli import check_out_dir
 from harness.materialise import (
     bf16_bits,
     bits_to_bf16,
@@ -320,6 +321,57 @@ def _indptr(t: torch.Tensor, name: str, source: str) -> list[int]:
     return values
 
 
+def _seed(d: Mapping[str, Any], key: str, source: str, where: str = "") -> int:
+    value = _field(d, key, int, source, where)
+    if not 0 <= value < 2**32:
+        raise BundleError(
+            f"{source}: field '{where}{key}' = {value}, expected 0 <= seed < 2**32 (it keys a 32-bit hash)"
+        )
+    return value
+
+
+def _tokens(t: torch.Tensor, name: str, source: str) -> torch.Tensor:
+    outside = torch.nonzero((t < 0) | (t >= readout.VOCAB))
+    if outside.numel():
+        i = int(outside[0])
+        raise BundleError(
+            f"{source}: field '{name}[{i}]' = {int(t[i])} is not a token, expected 0 <= token < {readout.VOCAB}"
+        )
+    return t
+
+
+def _accepted_paths(
+    goldens: Mapping[str, Any],
+    parents: Sequence[tuple[int, ...]],
+    qo_indptr: Sequence[int],
+    draft_tokens: torch.Tensor,
+    target_tokens: torch.Tensor,
+    source: str,
+) -> tuple[tuple[int, ...], ...]:
+    """The golden accepted paths, checked: node indices inside each request's tree, each path the
+    walk that the golden target tokens take over the draft tokens (else parity would fail every
+    implementation against a corrupt golden)."""
+    name = "goldens.accepted_path"
+    walks = readout.accepted_paths(parents, qo_indptr, draft_tokens.numpy(), target_tokens.numpy())
+    paths = _field(goldens, "accepted_path", list, source, "goldens.")
+    b = len(parents)
+    if len(paths) != b or not all(isinstance(p, list) and all(isinstance(x, int) for x in p) for p in paths):
+        raise BundleError(f"{source}: field {name!r} must be {b} lists of node indices")
+    for r, (path, tree_parents) in enumerate(zip(paths, parents, strict=True)):
+        for k, node in enumerate(path):
+            if not 0 <= node < len(tree_parents):
+                raise BundleError(
+                    f"{source}: field '{name}[{r}][{k}]' = {node} is outside request {r}'s tree of "
+                    f"{len(tree_parents)} nodes"
+                )
+        if path != list(walks[r]):
+            raise BundleError(
+                f"{source}: field '{name}[{r}]' = {path}, but the golden target tokens walk request {r}'s "
+                f"tree along {list(walks[r])} (fields 'draft_tokens' and 'goldens.target_tokens')"
+            )
+    return tuple(tuple(p) for p in paths)
+
+
 def from_dict(d: Any, source: str = "bundle") -> Bundle:
     """Check an on-disk dict field by field and build the :class:`Bundle`; errors name the field."""
     if not isinstance(d, dict):
@@ -335,6 +387,14 @@ def from_dict(d: Any, source: str = "bundle") -> Bundle:
     for key, want in (("qk_dim", QK_DIM), ("v_dim", V_DIM)):
         if _field(shapes, key, int, source, "shapes.") != want:
             raise BundleError(f"{source}: field 'shapes.{key}' is {shapes[key]}, expected {want}")
+    for key, value in (("num_requests", b), ("num_heads", h)):
+        if value < 1:
+            raise BundleError(f"{source}: field 'shapes.{key}' = {value}, expected >= 1")
+    if s < 1 or s * QK_DIM >= 2**32:
+        raise BundleError(
+            f"{source}: field 'shapes.pool_slots' = {s}, expected 1 <= pool_slots and "
+            f"pool_slots * {QK_DIM} < 2**32 (slot * {QK_DIM} + dim is hashed in 32 bits)"
+        )
 
     prefix_lens = [int(x) for x in _tensor(d, "prefix_lens", torch.int64, (b,), source)]
     if any(p < 0 for p in prefix_lens):
@@ -378,38 +438,38 @@ def from_dict(d: Any, source: str = "bundle") -> Bundle:
         raise BundleError(f"{source}: field 'planted_slots' has a slot outside the pool of {s} slots")
 
     goldens = _field(d, "goldens", dict, source)
-    paths = _field(goldens, "accepted_path", list, source, "goldens.")
-    if len(paths) != b or not all(isinstance(p, list) and all(isinstance(x, int) for x in p) for p in paths):
-        raise BundleError(f"{source}: field 'goldens.accepted_path' must be {b} lists of node indices")
-    try:
-        return Bundle(
-            name=_field(d, "name", str, source),
-            description=_field(d, "description", str, source),
-            num_heads=h,
-            prefix_lens=tuple(prefix_lens),
-            parents=tuple(parents),
-            q=q,
-            qo_indptr=torch.tensor(qo, dtype=torch.int32),
-            kv_indptr=torch.tensor(kv, dtype=torch.int32),
-            kv_indices=kv_indices,
-            pool_slots=s,
-            pool_seed=_field(d, "pool_seed", int, source),
-            pool_sha256=_field(d, "pool_sha256", str, source),
-            planted_slots=planted_slots,
-            planted_rows=planted_rows,
-            sm_scale=float(_field(d, "sm_scale", float, source)),
-            recipe=_field(d, "recipe", dict, source),
-            draft_tokens=_tensor(d, "draft_tokens", torch.int64, (n,), source),
-            golden_out=_tensor(goldens, "out", torch.float32, (n, h, V_DIM), source, "goldens."),
-            golden_lse=_tensor(goldens, "lse", torch.float32, (n, h), source, "goldens."),
-            target_tokens=_tensor(goldens, "target_tokens", torch.int64, (n,), source, "goldens."),
-            accepted_paths=tuple(tuple(p) for p in paths),
-            readout_seed=_field(goldens, "readout_seed", int, source, "goldens."),
-            certified_margin=float(_field(goldens, "certified_margin", float, source, "goldens.")),
-            provenance=_field(d, "provenance", dict, source),
-        )
-    except ValueError as e:
-        raise BundleError(f"{source}: {e}") from e
+    draft_tokens = _tokens(_tensor(d, "draft_tokens", torch.int64, (n,), source), "draft_tokens", source)
+    target_tokens = _tokens(
+        _tensor(goldens, "target_tokens", torch.int64, (n,), source, "goldens."),
+        "goldens.target_tokens",
+        source,
+    )
+    return Bundle(
+        name=_field(d, "name", str, source),
+        description=_field(d, "description", str, source),
+        num_heads=h,
+        prefix_lens=tuple(prefix_lens),
+        parents=tuple(parents),
+        q=q,
+        qo_indptr=torch.tensor(qo, dtype=torch.int32),
+        kv_indptr=torch.tensor(kv, dtype=torch.int32),
+        kv_indices=kv_indices,
+        pool_slots=s,
+        pool_seed=_seed(d, "pool_seed", source),
+        pool_sha256=_field(d, "pool_sha256", str, source),
+        planted_slots=planted_slots,
+        planted_rows=planted_rows,
+        sm_scale=float(_field(d, "sm_scale", float, source)),
+        recipe=_field(d, "recipe", dict, source),
+        draft_tokens=draft_tokens,
+        golden_out=_tensor(goldens, "out", torch.float32, (n, h, V_DIM), source, "goldens."),
+        golden_lse=_tensor(goldens, "lse", torch.float32, (n, h), source, "goldens."),
+        target_tokens=target_tokens,
+        accepted_paths=_accepted_paths(goldens, parents, qo, draft_tokens, target_tokens, source),
+        readout_seed=_seed(goldens, "readout_seed", source, "goldens."),
+        certified_margin=float(_field(goldens, "certified_margin", float, source, "goldens.")),
+        provenance=_field(d, "provenance", dict, source),
+    )
 
 
 def bundle_path(name_or_path: str | Path) -> Path:
@@ -732,24 +792,48 @@ def generate(recipe: Mapping[str, Any], *, log: Callable[[str], object] | None =
 
 
 def _names(text: str | None) -> list[str]:
-    names = list(CANONICAL) if not text else [n.strip() for n in text.split(",") if n.strip()]
+    """``--bundles``: canonical names, comma-separated (default: all); raises ValueError."""
+    if not text:
+        return list(CANONICAL)
+    names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in CANONICAL]
+    if not names:
+        raise ValueError(f"--bundles {text!r} names no bundle; known: {', '.join(CANONICAL)}")
     if unknown:
-        raise SystemExit(f"--bundles: unknown bundle(s) {', '.join(unknown)}; known: {', '.join(CANONICAL)}")
+        raise ValueError(f"--bundles: unknown bundle(s) {', '.join(unknown)}; known: {', '.join(CANONICAL)}")
     return names
 
 
-def _cmd_list(args: argparse.Namespace) -> int:
-    for name in _names(args.bundles):
+def _checked_args(
+    command: Callable[[argparse.Namespace, list[str]], int],
+) -> Callable[[argparse.Namespace], int]:
+    """``command`` called with the ``--bundles`` names, after its arguments are checked: a bad
+    argument exits 2 with its message, before any work."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            names = _names(args.bundles)
+            if getattr(args, "out", None) is not None:
+                check_out_dir(args.out)
+        except ValueError as e:
+            print(f"bundles: {e}", file=sys.stderr)
+            return 2
+        return command(args, names)
+
+    return run
+
+
+def _cmd_list(args: argparse.Namespace, names: list[str]) -> int:
+    for name in names:
         path = bundle_path(name)
         size = f"{path.stat().st_size / 2**20:6.2f} MB" if path.is_file() else "   missing"
         print(f"{name:18s} {size}  {CANONICAL[name]['description']}")
     return 0
 
 
-def _cmd_generate(args: argparse.Namespace) -> int:
+def _cmd_generate(args: argparse.Namespace, names: list[str]) -> int:
     out_dir = Path(args.out)
-    for name in _names(args.bundles):
+    for name in names:
         bundle = generate(CANONICAL[name], log=print)
         path = save(bundle, out_dir / f"{name}.pt")
         print(
@@ -758,9 +842,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_verify(args: argparse.Namespace) -> int:
+def _cmd_verify(args: argparse.Namespace, names: list[str]) -> int:
     failures = 0
-    for name in _names(args.bundles):
+    for name in names:
         path = bundle_path(name)
         try:
             bundle = load(path)
@@ -782,14 +866,14 @@ def register_cli(sub: Any) -> None:
     cmds = parser.add_subparsers(dest="bundles_command", required=True)
     p = cmds.add_parser("list", help="the canonical bundles and their sizes")
     p.add_argument("--bundles", help="comma-separated names (default: all)")
-    p.set_defaults(func=_cmd_list)
+    p.set_defaults(func=_checked_args(_cmd_list))
     p = cmds.add_parser(
         "generate", help="rebuild bundles from their recipes (float64 goldens: minutes on a CPU)"
     )
     p.add_argument("--bundles", help="comma-separated names (default: all)")
     p.add_argument("--out", default=str(BUNDLES_DIR), help="output folder (default: bundles/)")
-    p.set_defaults(func=_cmd_generate)
+    p.set_defaults(func=_checked_args(_cmd_generate))
     p = cmds.add_parser("verify", help="load each bundle and check its materialised pool's sha256")
     p.add_argument("--bundles", help="comma-separated names (default: all)")
     p.add_argument("--regenerate", action="store_true", help="also regenerate and compare the bytes")
-    p.set_defaults(func=_cmd_verify)
+    p.set_defaults(func=_checked_args(_cmd_verify))

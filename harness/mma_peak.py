@@ -39,6 +39,7 @@ OUTPUT_FILE = "mma-peak.json"
 SCHEMA = "verify-attention/mma-peak"
 SCHEMA_VERSION = 1
 RUN_TIMEOUT_S = 300
+NVCC_TIMEOUT_S = 600
 RUN_KEYS = ("mode", "acc", "warps_per_cta", "ctas_per_sm", "ms", "tflops", "of_matmul")
 
 
@@ -77,8 +78,17 @@ def nvcc_command(nvcc: str, arch: str, output: Path, source: Path = SOURCE) -> l
     ]
 
 
+def _run(argv: list[str], what: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """``argv`` run with its output captured; MmaPeakError, naming ``what``, if it runs past
+    ``timeout_s`` (it is killed then)."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        raise MmaPeakError(f"{what} ran past its timeout of {timeout_s:g} s and was stopped") from e
+
+
 def _nvcc_version(nvcc: str) -> str:
-    done = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
+    done = _run([nvcc, "--version"], "nvcc --version", 60)
     return done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() else "unknown"
 
 
@@ -94,10 +104,13 @@ def build(arch: str, nvcc: str | None = None) -> Path:
         return binary
     directory.mkdir(parents=True, exist_ok=True)
     partial = directory / f".mma_peak.{os.getpid()}.tmp"
-    done = subprocess.run(nvcc_command(nvcc, arch, partial), capture_output=True, text=True, timeout=600)
-    if done.returncode != 0:
+    try:
+        done = _run(nvcc_command(nvcc, arch, partial), f"nvcc for sm_{arch}", NVCC_TIMEOUT_S)
+        if done.returncode != 0:
+            raise MmaPeakError(f"nvcc failed for sm_{arch} (exit {done.returncode}):\n{done.stderr.strip()}")
+    except MmaPeakError:
         partial.unlink(missing_ok=True)
-        raise MmaPeakError(f"nvcc failed for sm_{arch} (exit {done.returncode}):\n{done.stderr.strip()}")
+        raise
     os.replace(partial, binary)  # a build cut short never leaves a binary behind
     return binary
 
@@ -120,6 +133,14 @@ def parse_runs(text: str) -> list[dict[str, Any]]:
     if not runs:
         raise MmaPeakError("the microbenchmark printed no result line")
     return runs
+
+
+def run_benchmark(binary: Path, matmul_tflops: float, timeout_s: float = RUN_TIMEOUT_S) -> str:
+    """The microbenchmark's output; MmaPeakError if it fails or runs past ``timeout_s``."""
+    done = _run([str(binary), f"{matmul_tflops:.6f}"], "the microbenchmark", timeout_s)
+    if done.returncode != 0:
+        raise MmaPeakError(f"the microbenchmark exited {done.returncode}:\n{done.stderr.strip()}")
+    return done.stdout
 
 
 @dataclass(frozen=True)
@@ -147,6 +168,14 @@ def main(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("error: mma-peak: no CUDA device is visible to torch", file=sys.stderr)
         return 2
+    if args.out:
+        from harness.cli import check_out_dir
+
+        try:
+            check_out_dir(args.out)
+        except ValueError as e:  # before the build and the run, so that a bad --out costs neither
+            print(f"error: mma-peak: {e}", file=sys.stderr)
+            return 2
     device = torch.device("cuda", torch.cuda.current_device())
     props = torch.cuda.get_device_properties(device)
     try:
@@ -165,17 +194,8 @@ def main(args: argparse.Namespace) -> int:
         matmul, source = measured.bf16_tflops, "measured"
         ceilings = measured.to_json()
     print(f"mma-peak: sm_{arch} on {props.name}, matmul {matmul:.1f} TFLOP/s ({source})", flush=True)
-    done = subprocess.run(
-        [str(binary), f"{matmul:.6f}"], capture_output=True, text=True, timeout=RUN_TIMEOUT_S
-    )
-    if done.returncode != 0:
-        print(
-            f"error: mma-peak: the microbenchmark exited {done.returncode}:\n{done.stderr.strip()}",
-            file=sys.stderr,
-        )
-        return 1
     try:
-        runs = parse_runs(done.stdout)
+        runs = parse_runs(run_benchmark(binary, matmul))
     except MmaPeakError as e:
         print(f"error: mma-peak: {e}", file=sys.stderr)
         return 1

@@ -10,9 +10,10 @@ the golden ones (token-exact, see harness.readout). An implementation that canno
 ``unavailable`` with its reason; an exception is an ``error`` and counts as a failure.
 
 ``python -m harness parity [--bundles a,b] [--impls x,y] [--device cuda|cpu] [--out DIR]
-[--mutations]`` writes results.json + index.html and exits non-zero if any available
+[--mutations]`` writes results.json + index.html and exits 1 if any available
 implementation fails (with ``--mutations``: also if a mutant is never caught or the bf16
-control fails).
+control fails), 2 when it cannot run: a bad argument (checked before the run: names, ``--device
+cuda`` without CUDA, an ``--out`` that cannot be written) or a bundle that cannot be used.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ import torch
 
 from harness import mutations, readout
 from harness.batch import V_DIM, VerifyBatch
-from harness.bundles import CANONICAL, Bundle, BundleError, load, to_batch
-from harness.cli import shown
+from harness.bundles import CANONICAL, Bundle, BundleError, bundle_path, load, to_batch
+from harness.cli import check_out_dir, shown
 from harness.env import environment, git_info
 from harness.materialise import PoolMismatchError
 from harness.registry import Implementation, implementations
@@ -174,8 +175,14 @@ def default_out_dir(now: datetime, gpu: dict[str, Any] | None, git: dict[str, An
     return run_folder("parity", gpu["name"] if gpu else None, git.get("sha"), now)
 
 
-def _split(text: str | None) -> list[str] | None:
-    return [x.strip() for x in text.split(",") if x.strip()] if text else None
+def _split(text: str | None, option: str) -> list[str] | None:
+    """A comma-separated option's items (None when not given); raises ValueError when it names none."""
+    if not text:
+        return None
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise ValueError(f"{option} {text!r} names nothing; expected comma-separated names")
+    return items
 
 
 def _select(names: list[str] | None, impls: list[Implementation]) -> list[Implementation]:
@@ -184,10 +191,29 @@ def _select(names: list[str] | None, impls: list[Implementation]) -> list[Implem
     known = {i.name: i for i in impls}
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise SystemExit(
+        raise ValueError(
             f"--impls: unknown implementation(s) {', '.join(unknown)}; known: {', '.join(known)}"
         )
     return [known[n] for n in names]
+
+
+def _bundle_names(text: str | None) -> list[str]:
+    """``--bundles``: canonical names or bundle files (default: every canonical bundle)."""
+    names = _split(text, "--bundles") or list(CANONICAL)
+    missing = [n for n in names if n not in CANONICAL and not bundle_path(n).is_file()]
+    if missing:
+        raise ValueError(
+            f"--bundles: {', '.join(missing)}: neither a canonical bundle ({', '.join(CANONICAL)}) "
+            "nor a bundle file"
+        )
+    return names
+
+
+def _device(name: str | None) -> torch.device:
+    """``--device`` (default: cuda when available, else cpu); raises ValueError for cuda without CUDA."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible to torch (use --device cpu)")
+    return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def print_table(rows: Sequence[ParityRow]) -> None:
@@ -244,9 +270,15 @@ def verdict(rows: Sequence[ParityRow], with_mutations: bool) -> tuple[int, list[
 def _cmd_parity(args: argparse.Namespace) -> int:
     from harness.report import write_run
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    names = _split(args.bundles) or list(CANONICAL)
-    impls = _select(_split(args.impls), implementations())
+    # Every argument is checked before the run, so that a bad one costs no parity run (exit 2).
+    try:
+        device = _device(args.device)
+        names = _bundle_names(args.bundles)
+        impls = _select(_split(args.impls, "--impls"), implementations())
+        out = check_out_dir(args.out) if args.out else None
+    except ValueError as e:
+        print(f"parity: {e}", file=sys.stderr)
+        return 2
     if args.mutations:
         impls = [*impls, mutations.control(), *mutations.mutants()]
     now = datetime.now(timezone.utc)
@@ -271,7 +303,7 @@ def _cmd_parity(args: argparse.Namespace) -> int:
         unavailable=unavailable,
         notes=notes,
     )
-    out_dir = Path(args.out) if args.out else default_out_dir(now, env["gpu"], git)
+    out_dir = out or default_out_dir(now, env["gpu"], git)
     write_run(results, out_dir)
     print_table(rows)
     for item in unavailable:

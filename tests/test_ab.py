@@ -329,6 +329,40 @@ def test_split_ab_gives_two_comparable_sides() -> None:
     assert compare.html_name(c) == "compare-ab-quick-nvidia-h200-1111111-vs-2222222.html"
 
 
+def test_the_report_writes_results_json_last_and_a_cut_short_one_leaves_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results = ab_results(0.11)
+    whole = tmp_path / "whole"
+    comparison = ab.write_report(results, whole, min_change=0.03)
+    assert [v.verdict for v in comparison.timing] == [compare.SLOWER]
+    assert load_results(whole).sweep == results.sweep
+    assert (whole / "index.html").is_file() and list(whole.glob("compare-ab-*.html"))
+
+    def cut(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare, "write_html", cut)
+    cut_short = tmp_path / "cut"
+    with pytest.raises(KeyboardInterrupt):
+        ab.write_report(results, cut_short, min_change=0.03)
+    assert (cut_short / "index.html").is_file() and not (cut_short / "results.json").exists()
+
+
+def test_the_default_folder_is_under_the_repository_reports_wherever_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from datetime import datetime, timezone
+
+    from harness.results import REPORTS_DIR
+
+    monkeypatch.chdir(tmp_path)
+    now = datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    path = ab.default_out_dir("quick", "NVIDIA H200", "1111111", "2222222", now)
+    assert path == REPORTS_DIR / "20250102T030405-ab-quick-nvidia-h200-1111111-vs-2222222"
+    assert path.is_absolute() and REPORTS_DIR == PROJECT / "reports"
+
+
 def test_a_head_that_breaks_is_a_regression() -> None:
     base_rows = side_rows("base:1111111", 0.1, 1)
     broken = dataclasses.replace(base_rows, impl="head:2222222", samples_ms=[], note="out contains NaN")
@@ -513,6 +547,22 @@ def test_ab_with_base_define_refuses_to_run_without_cuda(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert run_cli("--base-define", "VA_X") == 2
     assert "needs CUDA" in capsys.readouterr().err
+
+
+def test_ab_refuses_an_out_that_is_a_file_before_timing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    def no_timing(*args: object, **kwargs: object) -> None:
+        raise AssertionError("timed although --out cannot be written")
+
+    monkeypatch.setattr(ab, "flags_package", no_timing)
+    monkeypatch.setattr(ab, "exclusive_gpu", no_timing)
+    out = tmp_path / "file"
+    out.write_text("not a folder")
+    assert run_cli("--base-define", "VA_X", "--out", str(out)) == 2
+    assert f"ab: --out {out} is a file; expected a folder" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("option", "value"), [("--slowdown", "0.9"), ("--rounds", "1")])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -122,3 +123,79 @@ def test_tree_parent_after_child(tmp_path: Path) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(BundleError, match="no such bundle file"):
         bundles.load(tmp_path / "absent.pt")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.update(pool_seed=-1), r"field 'pool_seed' = -1, expected 0 <= seed < 2\*\*32"),
+        (
+            lambda d: d.update(pool_seed=2**32),
+            r"field 'pool_seed' = 4294967296, expected 0 <= seed < 2\*\*32",
+        ),
+        (
+            lambda d: d["goldens"].update(readout_seed=-5),
+            r"field 'goldens.readout_seed' = -5, expected 0 <= seed < 2\*\*32",
+        ),
+        (
+            lambda d: d["goldens"].update(readout_seed=2**32),
+            r"field 'goldens.readout_seed' = 4294967296, expected 0 <= seed < 2\*\*32",
+        ),
+    ],
+)
+def test_a_seed_outside_32_bits(tmp_path: Path, edit: Callable[[dict[str, Any]], None], message: str) -> None:
+    with pytest.raises(BundleError, match=message):
+        bundles.load(edited(tmp_path, "smoke", edit))
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("num_heads", 0, r"field 'shapes.num_heads' = 0, expected >= 1"),
+        ("num_requests", 0, r"field 'shapes.num_requests' = 0, expected >= 1"),
+        ("pool_slots", 0, r"field 'shapes.pool_slots' = 0, expected 1 <= pool_slots"),
+        ("pool_slots", 2**32 // 576 + 1, r"pool_slots \* 576 < 2\*\*32"),
+    ],
+)
+def test_a_count_outside_its_range(tmp_path: Path, key: str, value: int, message: str) -> None:
+    with pytest.raises(BundleError, match=message):
+        bundles.load(edited(tmp_path, "smoke", lambda d: d["shapes"].update({key: value})))
+
+
+def test_an_accepted_path_node_outside_the_tree(tmp_path: Path) -> None:
+    path = edited(tmp_path, "smoke", lambda d: d["goldens"].update(accepted_path=[[0, 999]]))
+    with pytest.raises(
+        BundleError,
+        match=r"field 'goldens.accepted_path\[0\]\[1\]' = 999 is outside request 0's tree of 4 nodes",
+    ):
+        bundles.load(path)
+
+
+def test_an_accepted_path_the_golden_tokens_do_not_walk(tmp_path: Path) -> None:
+    path = edited(tmp_path, "smoke", lambda d: d["goldens"].update(accepted_path=[[0, 1]]))
+    with pytest.raises(
+        BundleError,
+        match=r"field 'goldens.accepted_path\[0\]' = \[0, 1\], but the golden target tokens walk "
+        r"request 0's tree along \[0, 1, 2, 3\]",
+    ):
+        bundles.load(path)
+
+
+@pytest.mark.parametrize(("where", "field"), [((), "draft_tokens"), (("goldens",), "target_tokens")])
+def test_a_token_outside_the_vocabulary(tmp_path: Path, where: tuple[str, ...], field: str) -> None:
+    def edit(d: dict[str, Any]) -> None:
+        for key in where:
+            d = d[key]
+        d[field][2] = 64
+
+    name = ".".join((*where, field))
+    with pytest.raises(
+        BundleError, match=rf"field '{name}\[2\]' = 64 is not a token, expected 0 <= token < 64"
+    ):
+        bundles.load(edited(tmp_path, "smoke", edit))
+
+
+def test_a_missing_field_is_named_once(tmp_path: Path) -> None:
+    path = edited(tmp_path, "smoke", lambda d: d.pop("pool_seed"))
+    with pytest.raises(BundleError, match=rf"^{re.escape(str(path))}: missing field 'pool_seed'$"):
+        bundles.load(path)

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -85,6 +86,33 @@ def test_the_shape_ab_runs_only_where_auto_takes_the_mma_sync_configs() -> None:
 def test_an_unknown_step_name_is_an_error_naming_the_option(only, skip, message, capsys) -> None:
     assert bringup.main(_args(only=only, skip=skip), box=Box(gpus=1)) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("only", "skip", "message"),
+    [
+        ("parity", "parity", "--only 'parity' --skip 'parity' selects no step"),
+        (",", None, "--only '' selects no step"),
+        (None, ",".join(bringup.STEP_NAMES), "--skip 'box,build,"),
+    ],
+)
+def test_options_that_select_no_step_are_an_error_naming_them(only, skip, message, tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    steps = [Step("parity", "stand-in", _py("pass"), 60)]
+    rc = bringup.main(
+        _args(only=only, skip=skip, out=str(out)), box=Box(gpus=1), python=sys.executable, steps=steps
+    )
+    assert rc == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_an_out_that_is_a_file_is_refused_before_any_step(reports, capsys) -> None:
+    out = reports / "file"
+    out.write_text("not a folder")
+    rc = bringup.main(_args(out=str(out)), box=Box(gpus=1), python=sys.executable, steps=_steps(reports)[:1])
+    assert rc == 2
+    assert f"--out {out} is a file; expected a folder" in capsys.readouterr().err
 
 
 def test_only_and_skip_keep_the_plan_order() -> None:
@@ -329,6 +357,61 @@ def test_a_bad_matmul_rate_is_an_error_naming_the_option(capsys) -> None:
     with pytest.raises(SystemExit):
         cli_main(["mma-peak", "--matmul-tflops", "zero"])
     assert "--matmul-tflops: expected a positive number of TFLOP/s, got 'zero'" in capsys.readouterr().err
+
+
+def _fake_gpu(monkeypatch, tmp_path) -> None:
+    """mma-peak's main up to the microbenchmark's run, without a GPU: a visible device, a built
+    binary, a given matmul rate."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda device: argparse.Namespace(major=9, minor=0, name="GPU")
+    )
+    monkeypatch.setattr(mma_peak, "build", lambda arch: tmp_path / "mma_peak")
+
+
+def test_a_hung_microbenchmark_is_an_error_naming_its_timeout(tmp_path, monkeypatch, capsys) -> None:
+    _fake_gpu(monkeypatch, tmp_path)
+
+    def hang(argv, **kwargs):
+        raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
+
+    monkeypatch.setattr(subprocess, "run", hang)
+    args = argparse.Namespace(matmul_tflops=1000.0, out=str(tmp_path / "out"))
+    assert mma_peak.main(args) == 1
+    err = capsys.readouterr().err
+    assert f"error: mma-peak: the microbenchmark ran past its timeout of {mma_peak.RUN_TIMEOUT_S} s" in err
+    assert not (tmp_path / "out" / mma_peak.OUTPUT_FILE).exists()
+
+
+def test_a_hung_nvcc_is_an_error_and_leaves_no_partial_build(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("VERIFY_ATTN_BUILD_DIR", str(tmp_path))
+
+    def hang(argv, **kwargs):
+        if "--version" in argv:
+            return subprocess.CompletedProcess(argv, 0, "Cuda compilation tools, release 12.8\n", "")
+        Path(argv[argv.index("-o") + 1]).write_text("half a binary")
+        raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
+
+    monkeypatch.setattr(subprocess, "run", hang)
+    with pytest.raises(mma_peak.MmaPeakError, match=r"nvcc for sm_90 ran past its timeout of 600 s"):
+        mma_peak.build("90", nvcc="nvcc")
+    assert not list(tmp_path.glob("mma_peak_*/*")) and not list(tmp_path.glob("mma_peak_*/.*"))
+
+
+def test_mma_peak_refuses_an_out_that_is_a_file_before_building(tmp_path, monkeypatch, capsys) -> None:
+    _fake_gpu(monkeypatch, tmp_path)
+
+    def no_build(arch):
+        raise AssertionError("built although --out cannot be written")
+
+    monkeypatch.setattr(mma_peak, "build", no_build)
+    out = tmp_path / "file"
+    out.write_text("not a folder")
+    assert mma_peak.main(argparse.Namespace(matmul_tflops=1000.0, out=str(out))) == 2
+    assert f"error: mma-peak: --out {out} is a file; expected a folder" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")

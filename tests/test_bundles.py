@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import subprocess
 import sys
 from collections.abc import Callable
 from itertools import pairwise
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -258,3 +260,43 @@ def test_each_position_own_key_carries_its_token(bundle: Loader) -> None:
     # Why the goldens certify: each position's output points at its own token's code.
     b = bundle("ragged")
     assert len(set(b.target_tokens[int(b.qo_indptr[4]) : int(b.qo_indptr[5])].tolist())) == 64
+
+
+# ---------------------------------------------------------------------------------------------
+# The bundles command
+
+
+def run_bundles_cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness")
+    bundles.register_cli(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bundles", *argv])
+    return args.func(args)
+
+
+@pytest.mark.parametrize("command", ["list", "generate", "verify"])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("smoke,nope", "--bundles: unknown bundle(s) nope; known: smoke, "),
+        (",", "--bundles ',' names no bundle"),
+    ],
+)
+def test_an_unknown_bundle_name_exits_2_naming_the_option(
+    command: str, value: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    extra = ["--out", str(tmp_path)] if command == "generate" else []
+    assert run_bundles_cli(command, "--bundles", value, *extra) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_generate_into_an_out_that_is_a_file_exits_2_before_generating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def no_generate(*args: object, **kwargs: object) -> None:
+        raise AssertionError("generated although --out cannot be written")
+
+    monkeypatch.setattr(bundles, "generate", no_generate)
+    out = tmp_path / "file"
+    out.write_text("not a folder")
+    assert run_bundles_cli("generate", "--bundles", "smoke", "--out", str(out)) == 2
+    assert f"--out {out} is a file; expected a folder" in capsys.readouterr().err

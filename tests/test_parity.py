@@ -242,11 +242,127 @@ def test_parity_command_with_mutations_records_failing_mutants(tmp_path: Path) -
     assert code == 0, results.notes
 
 
-def test_parity_command_rejects_an_unknown_implementation(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit, match="--impls: unknown implementation"):
-        run_cli(
-            ["parity", "--bundles", "smoke", "--impls", "nope", "--device", "cpu", "--out", str(tmp_path)]
-        )
+def test_parity_command_rejects_an_unknown_implementation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = run_cli(
+        ["parity", "--bundles", "smoke", "--impls", "nope", "--device", "cpu", "--out", str(tmp_path)]
+    )
+    assert code == 2
+    assert "--impls: unknown implementation(s) nope; known: " in capsys.readouterr().err
+
+
+def no_run(*args: object, **kwargs: object) -> None:
+    raise AssertionError("parity ran although an argument was bad")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--impls", ",", "--impls ',' names nothing"),
+        ("--bundles", ",", "--bundles ',' names nothing"),
+        ("--bundles", "smoke,nope", "--bundles: nope: neither a canonical bundle (smoke, "),
+    ],
+)
+def test_a_bad_selection_exits_2_before_running(
+    option: str,
+    value: str,
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(parity, "run_parity", no_run)
+    argv = {"--bundles": "smoke", "--impls": "oracle", option: value}
+    code = run_cli(
+        ["parity", *(x for kv in argv.items() for x in kv), "--device", "cpu", "--out", str(tmp_path)]
+    )
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_device_cuda_without_cuda_exits_2_naming_the_option(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(parity, "run_parity", no_run)
+    code = run_cli(
+        ["parity", "--bundles", "smoke", "--impls", "oracle", "--device", "cuda", "--out", str(tmp_path)]
+    )
+    assert code == 2
+    assert "--device cuda: no CUDA device is visible to torch (use --device cpu)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [("file", "is a file; expected a folder"), ("file/run", "cannot create or write a file there")],
+)
+def test_an_out_that_cannot_be_written_exits_2_before_running(
+    where: str,
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setattr(parity, "run_parity", no_run)
+    out = tmp_path / where
+    code = run_cli(
+        ["parity", "--bundles", "smoke", "--impls", "oracle", "--device", "cpu", "--out", str(out)]
+    )
+    assert code == 2
+    assert f"--out {out}" in (err := capsys.readouterr().err) and message in err
+    assert (tmp_path / "file").read_text() == "not a folder"
+
+
+def test_an_out_folder_is_probed_before_running_and_made_with_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "new" / "run"
+
+    def run_parity(*args: object, **kwargs: object) -> tuple[list[ParityRow], list[dict[str, str]]]:
+        # Probed and removed again: the folder appears only with the report.
+        assert not out.exists() and not out.parent.exists()
+        return [row("oracle", "pass")], []
+
+    monkeypatch.setattr(parity, "run_parity", run_parity)
+    assert (
+        run_cli(["parity", "--bundles", "smoke", "--impls", "oracle", "--device", "cpu", "--out", str(out)])
+        == 0
+    )
+    assert (out / "results.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda d: d.update(pool_seed=-1), "'pool_seed' = -1"),
+        (lambda d: d["goldens"].update(readout_seed=2**32), "'goldens.readout_seed' = 4294967296"),
+        (lambda d: d["goldens"].update(accepted_path=[[0, 999]]), "'goldens.accepted_path[0][1]' = 999"),
+    ],
+)
+def test_a_corrupt_bundle_exits_2_naming_the_field_not_as_a_failing_implementation(
+    edit: Callable[[dict], None], field: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = torch.load(bundles.bundle_path("smoke"), weights_only=True)
+    edit(d)
+    path = tmp_path / "bad.pt"
+    torch.save(d, path)
+    code = run_cli(
+        [
+            "parity",
+            "--bundles",
+            str(path),
+            "--impls",
+            "oracle",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+    assert code == 2
+    assert field in capsys.readouterr().err
 
 
 def test_registered_gpu_entries_are_unavailable_on_a_cpu_run(tmp_path: Path) -> None:
