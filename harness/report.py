@@ -45,6 +45,7 @@ from harness.results import (
     ResultsError,
     SweepRow,
     atomic_write_text,
+    check_types,
     compress_results,
     is_results_file,
     load_results,
@@ -113,40 +114,12 @@ def _png(fig: Any) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Checks beyond the schema: the fields the page reads must have the types it reads
-
-
-def check_for_report(results: Results, source: str) -> None:
-    """Raise ResultsError naming ``source``, the row and the field when a row cannot be shown."""
-    for i, r in enumerate(results.sweep):
-        where = f"{source}: sweep[{i}] ({r.case_id} {r.impl} {r.mode})"
-        if not isinstance(r.samples_ms, list) or not all(_is_number(s) for s in r.samples_ms):
-            raise ResultsError(f"{where}: samples_ms must be a list of numbers, got {r.samples_ms!r:.80}")
-        for name in ("median_ms", "iqr_ms", "min_ms", "max_ms"):
-            if not _is_number(getattr(r, name)):
-                raise ResultsError(f"{where}: {name} must be a number, got {getattr(r, name)!r}")
-        if not isinstance(r.params, dict):
-            raise ResultsError(f"{where}: params must be an object, got {r.params!r}")
-        if not isinstance(r.speedup, dict):
-            raise ResultsError(f"{where}: speedup must be an object, got {r.speedup!r}")
-    for i, p in enumerate(results.parity):
-        if not isinstance(p.status, str):
-            raise ResultsError(
-                f"{source}: parity[{i}] ({p.bundle} {p.impl}): status must be a string, got {p.status!r}"
-            )
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+# Sweep: frames, tables, plots
 
 
 def timed(row: SweepRow) -> bool:
     """A row with samples to show: not an error row, and not a side that could not run."""
     return row.status == "ok" and bool(row.samples_ms) and row.median_ms > 0
-
-
-# ---------------------------------------------------------------------------------------------
-# Sweep: frames, tables, plots
 
 
 def sweep_frame(results: Results, include_ranks: bool = False) -> pd.DataFrame:
@@ -690,10 +663,12 @@ def context(results: Results) -> dict[str, Any]:
 
 
 def render_html(results: Results, source: str = "results.json") -> str:
-    """The report page for ``results`` (``source`` names the file in errors)."""
+    """The report page for ``results`` (``source`` names the file in errors). Results built in
+    memory get the type checks that reading a file does, so :func:`write_run` never writes a
+    results.json that the tools cannot read back."""
     import jinja2
 
-    check_for_report(results, source)
+    check_types(results.to_json(), source)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
         autoescape=True,
@@ -703,12 +678,15 @@ def render_html(results: Results, source: str = "results.json") -> str:
 
 
 def write_run(results: Results, out_dir: Path) -> Path:
-    """Write ``results.json`` and ``index.html`` into ``out_dir`` atomically; returns out_dir.
-    The page is rendered first, so a results set that cannot be shown leaves no new files."""
+    """Write ``index.html`` and then ``results.json`` into ``out_dir``, each atomically; returns
+    out_dir. The page is rendered before anything is written, so a results set that cannot be
+    shown leaves no new files; ``results.json``, the file every tool keys a run on, is written
+    last, so a run cut short between the two leaves a page and no results (a folder no tool
+    reads), never results without their page."""
     out_dir = Path(out_dir)
-    page = render_html(results, str(out_dir / "results.json"))
-    write_results(results, out_dir / "results.json")
+    page = render_html(results, str(out_dir / RESULTS_FILE))
     atomic_write_text(out_dir / "index.html", page)
+    write_results(results, out_dir / RESULTS_FILE)
     return out_dir
 
 
@@ -724,23 +702,30 @@ def rerender(path: Path) -> Path:
 
 def _run_files(root: Path) -> list[Path]:
     """The results files (plain or compressed) of ``root``: itself, its run folder's, or every
-    one below it."""
+    one below it. ResultsError when ``root`` does not exist or cannot be listed."""
     root = Path(root)
+    if not root.exists():
+        raise ResultsError(f"{root}: no such file or folder")
     if root.is_file():
         return [root]
-    if any(is_results_file(p) for p in root.iterdir()):
-        return [results_in(root)]
-    return results_files_under(root)
+    try:
+        if any(is_results_file(p) for p in root.iterdir()):
+            return [results_in(root)]
+        return results_files_under(root)
+    except OSError as e:
+        raise ResultsError(f"{root}: cannot list the folder: {e.strerror or e}") from e
 
 
-def prune(root: Path) -> tuple[list[Path], list[str]]:
+def prune(root: Path) -> tuple[list[Path], list[str], list[str]]:
     """Delete index.html of every run under ``root`` but the newest per (GPU model, kind, grid),
     the key the history gate groups runs by (:func:`harness.compare.run_key`: a quick sweep, or
     a tensor-parallel one, does not take the page of the default grid's run), and compress those
     runs' ``results.json`` to ``results.json.gz``.
 
     Returns (deleted pages and compressed files, warnings about results files that could not be
-    read; those are left alone)."""
+    read, which are left alone, and one line per run that could not be pruned: its folder and the
+    OS error; the other runs are pruned all the same). ResultsError when ``root`` does not exist.
+    """
     newest: dict[RunKey, tuple[str, Path]] = {}
     runs: list[tuple[RunKey, Path]] = []
     warnings = []
@@ -754,38 +739,59 @@ def prune(root: Path) -> tuple[list[Path], list[str]]:
         runs.append((key, json_path))
         if key not in newest or results.created_utc > newest[key][0]:
             newest[key] = (results.created_utc, json_path.parent)
-    changed = []
+    changed, failures = [], []
     for key, json_path in runs:
         if json_path.parent == newest[key][1]:
             continue
         page = json_path.parent / "index.html"
-        if page.is_file():
-            page.unlink()
-            changed.append(page)
-        if json_path.name == RESULTS_FILE:
-            changed.append(compress_results(json_path))
-    return changed, warnings
+        try:
+            if page.is_file():
+                page.unlink()
+                changed.append(page)
+            if json_path.name == RESULTS_FILE:
+                changed.append(compress_results(json_path))
+        except OSError as e:
+            failures.append(f"{json_path.parent}: {e.strerror or e}")
+    return changed, warnings, failures
+
+
+def _main_prune(root: Path) -> int:
+    try:
+        changed, warnings, failures = prune(root)
+    except ResultsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for w in warnings:
+        print(f"warning: {w} (left alone)", file=sys.stderr)
+    pages = [p for p in changed if p.name == "index.html"]
+    for path in changed:
+        print(f"deleted {path}" if path.name == "index.html" else f"compressed {path}")
+    for f in failures:
+        print(f"error: could not prune {f}", file=sys.stderr)
+    print(
+        f"{len(pages)} page(s) deleted, {len(changed) - len(pages)} results file(s) compressed; "
+        "the newest run per GPU model, kind and grid keeps its index.html and plain results.json"
+    )
+    if failures:
+        print(f"error: {len(failures)} run(s) could not be pruned (listed above)", file=sys.stderr)
+        return 2
+    return 0
 
 
 def main(args: argparse.Namespace) -> int:
     if args.prune:
-        changed, warnings = prune(Path(args.prune))
-        for w in warnings:
-            print(f"warning: {w} (left alone)", file=sys.stderr)
-        pages = [p for p in changed if p.name == "index.html"]
-        for path in changed:
-            print(f"deleted {path}" if path.name == "index.html" else f"compressed {path}")
-        print(
-            f"{len(pages)} page(s) deleted, {len(changed) - len(pages)} results file(s) compressed; "
-            "the newest run per GPU model, kind and grid keeps its index.html and plain results.json"
-        )
-        return 0
+        return _main_prune(Path(args.prune))
     if not args.paths:
         print("error: give a results.json or run folder to render, or --prune DIR", file=sys.stderr)
         return 2
     status = 0
     for root in args.paths:
-        files = _run_files(Path(root))
+        try:
+            files = _run_files(Path(root))
+        except ResultsError as e:
+            print(f"error: {e}", file=sys.stderr)
+            status = 2
+            continue
         if not files:
             print(f"error: {root}: no results.json (or results.json.gz) found", file=sys.stderr)
             status = 2
@@ -794,6 +800,11 @@ def main(args: argparse.Namespace) -> int:
                 print(f"wrote {rerender(json_path)}")
             except ResultsError as e:
                 print(f"error: {e}", file=sys.stderr)
+                status = 2
+            except OSError as e:
+                print(
+                    f"error: {json_path.parent}: cannot write index.html: {e.strerror or e}", file=sys.stderr
+                )
                 status = 2
     return status
 

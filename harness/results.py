@@ -20,17 +20,22 @@ Top-level layout (``schema_version`` 1)::
 
 A sweep row's ``impl_config`` (added within version 1, "" when absent) names what the
 implementation ran for the case, where it says: the kernel's tile config.
+
+Reading checks the type of every field the report and compare read (:func:`check_types`), so a
+file that loads can be shown and compared; a wrong type is a ResultsError naming the file and
+the field, not a traceback from deep inside a table, a plot or a statistic.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import re
 import tempfile
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +105,178 @@ class SweepRow:
     impl_config: str = ""
 
 
+# ---------------------------------------------------------------------------------------------
+# Field types: what the report and compare read each field as. Checked where a field is present;
+# a row's missing fields take the dataclass defaults (or fail its constructor when required).
+
+
+@dataclass(frozen=True)
+class FieldType:
+    """What a field holds: ``check`` on the value, then for a list ``items`` on each item, and for
+    an object ``fields`` on those it has (``required``: those it must have)."""
+
+    expected: str  # for the error: "a string", "a list of numbers"
+    check: Callable[[Any], bool]
+    items: FieldType | None = None
+    fields: Mapping[str, FieldType] = field(default_factory=dict)
+    required: tuple[str, ...] = ()
+
+
+def _is_number(x: Any) -> bool:
+    """An int or a finite float, not a bool (JSON's NaN and Infinity are not results)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def _or_null(t: FieldType) -> FieldType:
+    return replace(t, expected=f"{t.expected} or null", check=lambda v: v is None or t.check(v))
+
+
+def _list(items: FieldType, expected: str) -> FieldType:
+    return FieldType(expected, lambda v: isinstance(v, list), items=items)
+
+
+def _object(fields: Mapping[str, FieldType], required: tuple[str, ...] = ()) -> FieldType:
+    return FieldType("an object", lambda v: isinstance(v, dict), fields=fields, required=required)
+
+
+STRING = FieldType("a string", lambda v: isinstance(v, str))
+INTEGER = FieldType("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
+NUMBER = FieldType("a number", _is_number)
+BOOLEAN = FieldType("true or false", lambda v: isinstance(v, bool))
+OBJECT = _object({})
+
+PARITY_ROW_TYPES: dict[str, FieldType] = {
+    "bundle": STRING,
+    "impl": STRING,
+    "status": STRING,
+    "reason": STRING,
+    "max_rel_err": _or_null(NUMBER),
+    "min_cosine": _or_null(NUMBER),
+    "max_lse_abs_err": _or_null(NUMBER),
+    "tokens_match": _or_null(BOOLEAN),
+    "path_match": _or_null(BOOLEAN),
+    "num_rows": INTEGER,
+    "worst_row": STRING,
+    "run_time_s": _or_null(NUMBER),
+}
+
+# The params the report sorts cases and splits plots by, and an A/B side's ``impl``; a run may
+# record others, of any type.
+SWEEP_PARAMS_TYPES: dict[str, FieldType] = {
+    "batch_size": INTEGER,
+    "prefix_len": INTEGER,
+    "num_heads": INTEGER,
+    "tree_size": INTEGER,
+    "seed": INTEGER,
+    "layout": STRING,
+    "tree": STRING,
+    "impl": STRING,
+}
+
+SWEEP_ROW_TYPES: dict[str, FieldType] = {
+    "case_id": STRING,
+    "impl": STRING,
+    "params": _object(SWEEP_PARAMS_TYPES),
+    "mode": STRING,
+    "samples_ms": _list(NUMBER, "a list of numbers"),
+    "median_ms": NUMBER,
+    "iqr_ms": NUMBER,
+    "min_ms": NUMBER,
+    "max_ms": NUMBER,
+    "bytes": INTEGER,
+    "flops": INTEGER,
+    "floor_ms": _or_null(NUMBER),
+    "pct_of_floor": _or_null(NUMBER),
+    "bandwidth_gbs": _or_null(NUMBER),
+    "tflops": _or_null(NUMBER),
+    "speedup": replace(
+        OBJECT,
+        expected="an object of numbers",
+        check=lambda v: isinstance(v, dict) and all(map(_is_number, v.values())),
+    ),
+    "nvml_before": _or_null(OBJECT),
+    "nvml_after": _or_null(OBJECT),
+    "throttled": BOOLEAN,
+    "throttle_reasons": _list(STRING, "a list of strings"),
+    "note": STRING,
+    "repro": STRING,
+    "status": STRING,
+    "cold_l2": STRING,
+    "gpu_index": _or_null(INTEGER),
+    "gpu_uuid": _or_null(STRING),
+    "tp_rank": _or_null(INTEGER),
+    "tp_size": _or_null(INTEGER),
+    "impl_config": STRING,
+}
+
+# Rows are checked apart (check_types), so that an error names the row by its case or bundle.
+RESULTS_TYPES: dict[str, FieldType] = {
+    "kind": STRING,
+    "created_utc": STRING,
+    "command": STRING,
+    "git": _object({"sha": _or_null(STRING), "dirty": _or_null(BOOLEAN), "describe": _or_null(STRING)}),
+    "environment": _object({"gpu": _or_null(_object({"name": _or_null(STRING)}))}),
+    "ceilings": _or_null(
+        _object(
+            {
+                "copy_bandwidth_gbs": NUMBER,
+                "bf16_tflops": NUMBER,
+                "empty_kernel_ms": NUMBER,
+                "copy_median_ms": NUMBER,
+                "matmul_median_ms": NUMBER,
+                "copy_bytes": INTEGER,
+                "matmul_n": INTEGER,
+                "method": STRING,
+            }
+        )
+    ),
+    "parity": _list(OBJECT, "a list of parity rows"),
+    "sweep": _list(OBJECT, "a list of sweep rows"),
+    "unavailable": _list(
+        _object({"impl": STRING, "reason": STRING}, required=("impl", "reason")), "a list of {impl, reason}"
+    ),
+    "notes": _list(STRING, "a list of strings"),
+}
+
+
+def _check(value: Any, t: FieldType, where: str, path: str) -> None:
+    if not t.check(value):
+        raise ResultsError(f"{where}: {path} must be {t.expected}, got {value!r:.80}")
+    if value is None:
+        return
+    if t.items is not None:
+        for i, item in enumerate(value):
+            _check(item, t.items, where, f"{path}[{i}]")
+    for name in t.required:
+        if name not in value:
+            raise ResultsError(f"{where}: {path} has no {name!r}; expected {t.fields[name].expected}")
+    _check_fields(value, t.fields, where, f"{path}.")
+
+
+def _check_fields(obj: dict[str, Any], types: Mapping[str, FieldType], where: str, prefix: str = "") -> None:
+    for name, t in types.items():
+        if name in obj:
+            _check(obj[name], t, where, prefix + name)
+
+
+def check_types(doc: dict[str, Any], source: str) -> None:
+    """Raise ResultsError naming ``source`` and the field (``environment.gpu``, ``sweep[3]
+    (<case> <impl> <mode>): samples_ms``) where results.json's object ``doc`` holds a value of a
+    type the report or compare cannot read (the tables above)."""
+    _check_fields(doc, RESULTS_TYPES, source)
+    for key, types, ids in (
+        ("parity", PARITY_ROW_TYPES, ("bundle", "impl")),
+        ("sweep", SWEEP_ROW_TYPES, ("case_id", "impl", "mode")),
+    ):
+        for i, row in enumerate(doc.get(key, [])):
+            _check_fields(row, types, f"{source}: {key}[{i}] ({' '.join(str(row.get(k)) for k in ids)})")
+
+
 @dataclass
 class Results:
     kind: str
@@ -130,6 +307,7 @@ class Results:
         for key in ("kind", "created_utc", "command", "git", "environment"):
             if key not in d:
                 raise ResultsError(f"{source}: missing required field {key!r}")
+        check_types(d, source)
         try:
             parity = [ParityRow(**r) for r in d.get("parity", [])]
             sweep = [SweepRow(**r) for r in d.get("sweep", [])]
@@ -257,6 +435,8 @@ def load_results(path: Path) -> Results:
         data = path.read_bytes()
     except FileNotFoundError as e:
         raise ResultsError(f"{path}: no such results file") from e
+    except OSError as e:
+        raise ResultsError(f"{path}: cannot read the results file: {e.strerror or e}") from e
     return results_from_bytes(data, str(path))
 
 

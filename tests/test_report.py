@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import harness.report
 from harness.cli import main as cli_main
 from harness.report import (
     MAX_CASE_BARS,
@@ -275,6 +276,24 @@ def test_write_run_writes_nothing_when_the_results_cannot_be_shown(tmp_path: Pat
     assert not (tmp_path / "run").exists()
 
 
+def test_write_run_refuses_results_it_could_not_read_back(tmp_path: Path) -> None:
+    with pytest.raises(ResultsError, match=r"environment must be an object, got None"):
+        write_run(replace(load_results(PARITY), environment=None), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_write_run_writes_results_json_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """results.json is what every tool keys a run on: a page that fails to be written leaves none."""
+
+    def no_space(path: Path, text: str) -> None:
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(harness.report, "atomic_write_text", no_space)
+    with pytest.raises(OSError, match="No space left"):
+        write_run(load_results(PARITY), tmp_path / "run")
+    assert not (tmp_path / "run" / "results.json").exists()
+
+
 def test_report_cli_regenerates_index_html_from_results_json(tmp_path: Path, capsys) -> None:
     run = tmp_path / "old-run"
     run.mkdir()
@@ -317,6 +336,27 @@ def test_report_of_a_folder_without_results_is_an_error(tmp_path: Path, capsys) 
     assert "no results.json (or results.json.gz) found" in capsys.readouterr().err
 
 
+def test_report_of_a_path_that_does_not_exist_is_an_error_naming_it(tmp_path: Path, capsys) -> None:
+    missing = tmp_path / "missing"
+    assert cli_main(["report", str(missing)]) == 2
+    assert f"error: {missing}: no such file or folder" in capsys.readouterr().err
+
+
+def test_report_into_a_folder_it_cannot_write_is_an_error_naming_the_folder(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a monkeypatched failure, not file modes: root writes into a read-only folder all the same
+    def read_only(path: Path, text: str) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(PARITY, run / "results.json")
+    monkeypatch.setattr(harness.report, "atomic_write_text", read_only)
+    assert cli_main(["report", str(run)]) == 2
+    assert f"error: {run}: cannot write index.html: Permission denied" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------------------------
 # Pruning
 
@@ -341,8 +381,8 @@ def test_prune_keeps_the_newest_page_per_gpu_model_and_kind(tmp_path: Path) -> N
     new = _run(tmp_path, "b", SWEEP, "2025-11-02T00:00:00+00:00", "NVIDIA H200")
     other_gpu = _run(tmp_path, "c", SWEEP, "2025-10-01T00:00:00+00:00", "NVIDIA RTX PRO 6000")
     parity = _run(tmp_path, "d", PARITY, "2025-10-01T00:00:00+00:00", "NVIDIA H200")
-    changed, warnings = prune(tmp_path)
-    assert changed == [old / "index.html", old / "results.json.gz"] and warnings == []
+    changed, warnings, failures = prune(tmp_path)
+    assert changed == [old / "index.html", old / "results.json.gz"] and warnings == [] == failures
     assert all((r / "index.html").exists() for r in (new, other_gpu, parity))
     assert all((r / "results.json").exists() for r in (new, other_gpu, parity))
     # The older run keeps its results, compressed: the same document, and its page renders again.
@@ -365,17 +405,18 @@ def test_prune_keeps_the_newest_page_per_grid(tmp_path: Path) -> None:
     quick = h200("b", "11-02", " --grid quick --gpus 2")
     tp = h200("c", "11-03", " --grid quick --tp 2")
     old_quick = h200("d", "10-01", " --grid quick")
-    changed, warnings = prune(tmp_path)
-    assert changed == [old_quick / "index.html", old_quick / "results.json.gz"] and warnings == []
+    changed, warnings, failures = prune(tmp_path)
+    assert changed == [old_quick / "index.html", old_quick / "results.json.gz"]
+    assert warnings == [] == failures
     assert all((r / "index.html").exists() for r in (default, quick, tp))
 
 
 def test_prune_twice_changes_nothing_more(tmp_path: Path) -> None:
     _run(tmp_path, "a", SWEEP, "2025-11-01T00:00:00+00:00", "NVIDIA H200")
     _run(tmp_path, "b", SWEEP, "2025-11-02T00:00:00+00:00", "NVIDIA H200")
-    first, _ = prune(tmp_path)
+    first, _, _ = prune(tmp_path)
     packed = (tmp_path / "a" / "results.json.gz").read_bytes()
-    assert len(first) == 2 and prune(tmp_path) == ([], [])
+    assert len(first) == 2 and prune(tmp_path) == ([], [], [])
     assert (tmp_path / "a" / "results.json.gz").read_bytes() == packed
 
 
@@ -397,3 +438,65 @@ def test_prune_leaves_unreadable_runs_alone_and_warns(tmp_path: Path, capsys) ->
     assert cli_main(["report", "--prune", str(tmp_path)]) == 0
     assert (bad / "index.html").exists()
     assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_prune_of_a_path_that_does_not_exist_is_an_error_naming_it(tmp_path: Path, capsys) -> None:
+    missing = tmp_path / "missing"
+    assert cli_main(["report", "--prune", str(missing)]) == 2
+    assert f"error: {missing}: no such file or folder" in capsys.readouterr().err
+
+
+def test_prune_names_each_run_it_cannot_prune_and_prunes_the_rest(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stuck = _run(tmp_path, "a", SWEEP, "2025-11-01T00:00:00+00:00", "NVIDIA H200")
+    older = _run(tmp_path, "b", SWEEP, "2025-11-02T00:00:00+00:00", "NVIDIA H200")
+    _run(tmp_path, "c", SWEEP, "2025-11-03T00:00:00+00:00", "NVIDIA H200")
+    compress = harness.report.compress_results
+
+    def read_only_a(path: Path) -> Path:
+        if path.parent == stuck:
+            raise PermissionError(13, "Permission denied", str(path))
+        return compress(path)
+
+    monkeypatch.setattr(harness.report, "compress_results", read_only_a)
+    assert cli_main(["report", "--prune", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: could not prune {stuck}: Permission denied" in err
+    assert "1 run(s) could not be pruned" in err
+    assert (stuck / "results.json").exists()
+    assert (older / "results.json.gz").exists() and not (older / "index.html").exists()
+
+
+def test_prune_leaves_a_run_it_cannot_read_alone_and_warns(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    unreadable = _run(tmp_path, "a", SWEEP, "2025-11-01T00:00:00+00:00", "NVIDIA H200")
+    older = _run(tmp_path, "b", SWEEP, "2025-11-02T00:00:00+00:00", "NVIDIA H200")
+    _run(tmp_path, "c", SWEEP, "2025-11-03T00:00:00+00:00", "NVIDIA H200")
+    read_bytes = Path.read_bytes
+
+    def no_access(path: Path) -> bytes:
+        if path == unreadable / "results.json":
+            raise PermissionError(13, "Permission denied", str(path))
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", no_access)
+    assert cli_main(["report", "--prune", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {unreadable / 'results.json'}: cannot read the results file: Permission denied" in err
+    assert (unreadable / "index.html").exists() and (unreadable / "results.json").exists()
+    assert (older / "results.json.gz").exists()
+
+
+def test_prune_leaves_a_run_with_a_wrongly_typed_field_alone_and_warns(tmp_path: Path, capsys) -> None:
+    bad = _run(tmp_path, "a", SWEEP, "2025-11-01T00:00:00+00:00", "NVIDIA H200")
+    doc = json.loads((bad / "results.json").read_text())
+    doc["created_utc"] = 5
+    (bad / "results.json").write_text(json.dumps(doc))
+    older = _run(tmp_path, "b", SWEEP, "2025-11-02T00:00:00+00:00", "NVIDIA H200")
+    _run(tmp_path, "c", SWEEP, "2025-11-03T00:00:00+00:00", "NVIDIA H200")
+    assert cli_main(["report", "--prune", str(tmp_path)]) == 0
+    assert "created_utc must be a string, got 5 (left alone)" in capsys.readouterr().err
+    assert (bad / "index.html").exists() and (bad / "results.json").exists()
+    assert (older / "results.json.gz").exists()
