@@ -78,7 +78,7 @@ import torch
 
 from harness import nvml, registry
 from harness.cases import LAYOUTS, TREE_KINDS, CaseParams, build_batch
-from harness.cli import check_out_dir, positive_number
+from harness.cli import check_out_dir, positive_number, shown
 from harness.env import environment, git_info
 from harness.registry import Implementation, RunFn, impl_config_of
 from harness.results import REPORTS_DIR as REPORTS_DIR  # the repository's reports/, from any directory
@@ -726,7 +726,7 @@ def write_sweep_report(results: Results, out: str | None, grid_label: str) -> in
     )
     write_run(results, out_dir)
     errors = [r for r in results.sweep if r.status != "ok"]
-    print(f"{len(results.sweep)} rows, {len(errors)} errors -> {out_dir / 'index.html'}")
+    print(f"{len(results.sweep)} rows, {len(errors)} errors -> {shown(out_dir / 'index.html')}")
     for r in errors:
         print(f"  error {r.case_id} {r.impl} {r.mode}: {r.note}", file=sys.stderr)
     return 1 if errors else 0
