@@ -155,7 +155,7 @@ def is_stable(samples_ms: Sequence[float], rel_ci: float) -> bool:
     """True when the median's 95 % interval lies within +-rel_ci of the median."""
     lo, hi = median_ci(samples_ms)
     med = statistics.median(samples_ms)
-    return med > 0 and (hi - lo) / 2.0 <= rel_ci * med
+    return med > 0 and max(med - lo, hi - med) <= rel_ci * med
 
 
 def sample_budget(est_ms: float, *, min_samples: int, max_samples: int, max_time_s: float) -> tuple[int, str]:

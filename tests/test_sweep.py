@@ -122,6 +122,24 @@ def test_quick_grid_times_the_kernel_in_both_modes_and_the_baselines_on_a_subset
     assert 0 < len(baseline) < len(kernel)
 
 
+# The target cases: B=1, P in {32k, 64k, 128k, 200k}, H in {8, 16, 64}, T in {16, 64}.
+TARGET_CASES = [
+    f"B1-P{p}-T{t}-H{h}-shuffled"
+    for p in (32768, 65536, 131072, 200000)
+    for h in (8, 16, 64)
+    for t in (16, 64)
+]
+
+
+@pytest.mark.parametrize("grid", ["default", "sm120", "full"])
+def test_the_grids_that_say_so_time_the_kernel_on_every_target_case(grid: str) -> None:
+    impls = [*KNOWN, "verify-attn-cuda-small", "verify-attn-cuda-small-m32"]
+    plan = {c.params.case_id: c for c in load_grid(grid).plan(impls) if c.runs}
+    missing = [cid for cid in TARGET_CASES if cid not in plan]
+    assert not missing, f"{grid} lacks {missing}"
+    assert all(any(r.impl.startswith("verify-attn-cuda") for r in plan[cid].runs) for cid in TARGET_CASES)
+
+
 def test_default_grid_covers_every_axis_of_the_design() -> None:
     params = [c.params for c in load_grid("default").plan(KNOWN)]
     assert {p.prefix_len for p in params} >= {1024, 262144}

@@ -81,6 +81,15 @@ def test_is_stable_accepts_tight_samples_and_rejects_spread_ones() -> None:
     assert not is_stable(spread, rel_ci=0.01)
 
 
+def test_is_stable_holds_each_end_of_the_interval_to_rel_ci_not_its_half_width() -> None:
+    """A skewed interval (0.999, 1.019) around a median of 1.0: half its width is 1 %, but its slow
+    end is +1.9 %, past the promised +-1 %."""
+    skewed = [0.990] * 5 + [0.999] + [1.000] * 9 + [1.019] + [1.05] * 4
+    assert median_ci(skewed) == (0.999, 1.019)
+    assert not is_stable(skewed, rel_ci=0.01)
+    assert is_stable(skewed, rel_ci=0.02)
+
+
 def test_sample_budget_caps_a_fast_call_at_max_samples_without_a_note() -> None:
     assert sample_budget(0.01, min_samples=20, max_samples=200, max_time_s=2.0) == (200, "")
 
