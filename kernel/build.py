@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -51,13 +54,31 @@ def target_archs() -> str:
     return with_sm90a(f"{major}.{minor}")
 
 
+ARCH_ENTRY = re.compile(r"\d+\.\d+a?(\+PTX)?")
+
+
 def with_sm90a(archs: str) -> str:
-    """``9.0`` -> ``9.0a`` in a ``;``-separated arch list (other entries unchanged)."""
-    return ";".join("9.0a" if a.strip() == "9.0" else a.strip() for a in archs.split(";") if a.strip())
+    """``9.0`` -> ``9.0a`` in an arch list (entries separated by ``;`` or spaces, as torch reads
+    ``TORCH_CUDA_ARCH_LIST``; other entries unchanged), returned ``;``-separated. Entries must be
+    compute capabilities (``X.Y``, ``X.Ya``, optionally ``+PTX``): torch's names (``Hopper``) would
+    build sm_90 without the ``a`` that wgmma needs, so they are refused, naming the variable."""
+    entries = [a for a in re.split(r"[;\s]+", archs) if a]
+    bad = [a for a in entries if not ARCH_ENTRY.fullmatch(a)]
+    if bad or not entries:
+        raise ValueError(
+            f"VERIFY_ATTN_ARCHS = {archs!r}: expected compute capabilities such as '9.0;12.0' "
+            f"(X.Y, X.Ya, optionally +PTX), got {', '.join(map(repr, bad)) or 'none'}"
+        )
+    return ";".join("9.0a" if a == "9.0" else a for a in entries)
+
+
+def has_sm90a(archs: str) -> bool:
+    """Whether the arch list builds sm_90a code (``9.0a``, or ``9.0a+PTX``): the wgmma kernels."""
+    return any(a.split("+")[0] == "9.0a" for a in archs.split(";"))
 
 
 def cuda_flags(archs: str) -> tuple[str, ...]:
-    extra = ("-DVA_HAVE_SM90A",) if "9.0a" in archs.split(";") else ()
+    extra = ("-DVA_HAVE_SM90A",) if has_sm90a(archs) else ()
     env = tuple(os.environ.get("VERIFY_ATTN_EXTRA_CUDA_FLAGS", "").split())
     return CUDA_FLAGS + extra + env + tuple(EXTRA_CUDA_FLAGS)
 
@@ -76,6 +97,45 @@ def build_dir(name: str) -> Path:
     return Path(os.environ.get("VERIFY_ATTN_BUILD_DIR", Path.home() / ".cache" / "verify-attention")) / name
 
 
+# torch's build lock (``<build dir>/lock``) has no timeout: a build killed mid-way (a bring-up
+# step's timeout, Ctrl-C) leaves it, and every later build would wait for it silently, forever.
+# A build takes 1-2 minutes; a lock older than this is taken for a dead build's.
+STALE_LOCK_S = 30 * 60
+LOCK_WAIT_S = 15 * 60
+LOCK_POLL_S = 1.0
+
+
+def wait_for_build_lock(
+    directory: Path, *, stale_s: float = STALE_LOCK_S, wait_s: float = LOCK_WAIT_S
+) -> None:
+    """Before a build in ``directory``: remove torch's lock file if it is older than ``stale_s``
+    (a killed build's), else wait up to ``wait_s`` for another process's build to release it,
+    saying so once; RuntimeError naming the lock if it is still held then."""
+    lock = directory / "lock"
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if age > stale_s:
+            print(
+                f"verify-attention: removing {lock}, a build lock {age / 60:.0f} minutes old", file=sys.stderr
+            )
+            lock.unlink(missing_ok=True)
+            return
+        if time.monotonic() >= deadline:
+            raise RuntimeError(
+                f"{lock} is still held after {wait_s:.0f} s: another process is building the extension "
+                "there, or a build was killed; remove the file if no build is running"
+            )
+        if not said:
+            print(f"verify-attention: waiting for another build to release {lock}", file=sys.stderr)
+            said = True
+        time.sleep(LOCK_POLL_S)
+
+
 def load_cuda_extension(
     name: str,
     sources: list[Path],
@@ -90,6 +150,7 @@ def load_cuda_extension(
 
     directory = build_dir(name)
     directory.mkdir(parents=True, exist_ok=True)
+    wait_for_build_lock(directory)
     previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
     os.environ["TORCH_CUDA_ARCH_LIST"] = archs
     try:

@@ -16,6 +16,8 @@ from kernel import build
         ("9.0a", "9.0a"),
         ("12.0", "12.0"),
         ("9.0+PTX", "9.0+PTX"),
+        ("9.0 12.0", "9.0a;12.0"),  # torch splits TORCH_CUDA_ARCH_LIST on spaces too
+        ("9.0a+PTX;12.0", "9.0a+PTX;12.0"),
     ],
 )
 def test_sm90_is_built_arch_specific(archs: str, expected: str) -> None:
@@ -26,6 +28,32 @@ def test_the_wgmma_define_follows_the_arch_list() -> None:
     assert "-DVA_HAVE_SM90A" in build.cuda_flags("9.0a;12.0")
     assert "-DVA_HAVE_SM90A" not in build.cuda_flags("12.0")
     assert "-DVA_HAVE_SM90A" not in build.cuda_flags("8.0;9.0+PTX")
+    assert "-DVA_HAVE_SM90A" in build.cuda_flags("9.0a+PTX;12.0")
+
+
+@pytest.mark.parametrize("archs", ["Hopper;12.0", "sm_90", "9", "", " ; "])
+def test_an_arch_list_entry_that_is_not_a_compute_capability_is_refused_by_name(archs: str) -> None:
+    with pytest.raises(ValueError, match="VERIFY_ATTN_ARCHS"):
+        build.with_sm90a(archs)
+
+
+def test_a_stale_build_lock_is_removed_and_a_held_one_is_an_error_naming_it(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import os
+    import time
+
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    old = time.time() - build.STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    build.wait_for_build_lock(tmp_path)
+    assert not lock.exists() and "removing" in capsys.readouterr().err
+    lock.write_text("")  # fresh: another process's build, which does not end here
+    with pytest.raises(RuntimeError, match=f"{lock} is still held after 0 s"):
+        build.wait_for_build_lock(tmp_path, wait_s=0)
+    assert lock.exists()
+    build.wait_for_build_lock(tmp_path / "elsewhere")  # no lock: returns at once
 
 
 def test_env_archs_are_mapped(monkeypatch: pytest.MonkeyPatch) -> None:
