@@ -240,6 +240,22 @@ def test_kernel_call_validates_once_then_skips_checks_and_reuses_outputs() -> No
     assert fake.packed == [((-1, 0, 0),)]
 
 
+def test_what_the_returned_call_did_not_write_is_nan_not_the_validated_calls_output() -> None:
+    """Parity checks the buffers after the unvalidated call: a hot path that wrote nothing must
+    not pass on the values the validated call left there."""
+
+    def verify_attention(*args, out=None, lse=None, validate=True, config="auto"):  # noqa: ANN001, ANN002, ANN202
+        if validate:
+            out.fill_(1.0)
+            lse.fill_(2.0)
+        return out, lse
+
+    fake = FakeKernel(new_api=True)
+    fake.verify_attention = verify_attention
+    out, lse = ab.kernel_call(fake, small_batch())()
+    assert out.isnan().all() and lse.isnan().all()
+
+
 def test_kernel_call_uses_only_the_eight_arguments_of_an_older_revision() -> None:
     fake = FakeKernel(new_api=False)
     ab.kernel_call(fake, small_batch())()
