@@ -1,4 +1,4 @@
-"""nox sessions: parity, sweep, compare, ab, bringup, tests, lint, ptxas.
+"""nox sessions: parity, sweep, compare, ab, bringup, tests (which runs the ptxas check), lint.
 
 Every session also runs with ``nox --no-venv -s NAME`` on a box whose CUDA torch is already
 installed (nothing is installed then; the packages must be there). With a virtualenv the
@@ -38,7 +38,7 @@ def parity(session: nox.Session) -> None:
 
 @nox.session(venv_params=VENV_PARAMS)
 def sweep(session: nox.Session) -> None:
-    """Timed sweep over a grid (``-- --grid quick|default|full``); writes reports/<run>/."""
+    """Timed sweep over a grid (``-- --grid quick|default|full|sm120``); writes reports/<run>/."""
     _install_project(session)
     _harness(session, "sweep", *session.posargs)
 
@@ -68,7 +68,7 @@ def bringup(session: nox.Session) -> None:
 @nox.session(venv_params=VENV_PARAMS)
 def tests(session: nox.Session) -> None:
     """CPU tests (GPU tests skip with their reason), the sm_90/sm_120 ptxas resource check, and the
-    regression gate over the committed report history (newest two runs per GPU model and grid)."""
+    regression gate over the committed report history (newest two runs per GPU model, kind and grid)."""
     _install_project(session, "[dev]")
     session.run("python", "-m", "kernel.ptxas_check")
     # Gate on the project's kernel, every entry of it (`auto` and sm_120's configs forced); the

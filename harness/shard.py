@@ -56,8 +56,8 @@ Failures
     failure leaves every case untimed). A rank that raises breaks the barrier, so the others
     stop at once instead of waiting ``BARRIER_TIMEOUT_S``. An interrupted run (Ctrl-C) kills its
     workers, removes the temporary folder (what is there is partial) and exits 130; the ranks
-    leave the interrupt to the parent and print nothing. A run with nothing to time, or whose
-    report cannot be written, exits 2 before any worker starts.
+    leave the interrupt to the parent and print nothing. A run with no case or mode to time, or
+    whose report cannot be written, exits 2 before any worker starts.
 
 pytest-xdist is not the tool for timed work: pytest-benchmark switches itself off under xdist
 (benchmarks "cannot be performed reliably in a parallelized environment"), and a sweep is not a

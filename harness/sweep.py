@@ -1,6 +1,6 @@
 """``python -m harness sweep``: time every available implementation over a grid of cases.
 
-    python -m harness sweep [--grid quick|default|full|PATH.toml] [--impls a,b] [--modes cold,graph]
+    python -m harness sweep [--grid quick|default|full|sm120|PATH.toml] [--impls a,b] [--modes cold,graph]
                             [--case-filter SUBSTR] [--out DIR] [--list] [--device cuda|cpu]
                             [--gpus all|N | --tp N | --shard K/N] [--worker-timeout S]
 
@@ -53,7 +53,10 @@ mode that times shard K of N alone.
 
 Before timing anything the sweep checks that it has something to time (a case that
 ``--case-filter`` keeps, a mode that runs on the device) and that the report's folder can be
-created and written; if not, it exits 2 naming the option and writes nothing.
+created and written; if not, it exits 2 naming the option and writes nothing. Implementations
+unavailable on the box are recorded in the report's ``unavailable`` list; a run whose every
+implementation is unavailable writes a report of 0 rows and exits 0 (a worker of a ``--gpus``
+run may be dealt such a shard).
 
 Exit status: 0 when every row was timed, 1 when any row is an error, 2 on bad arguments, 3 when
 a worker of a ``--gpus``/``--tp`` run failed (no report is written then).
@@ -746,7 +749,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         help="time every available implementation over a grid of cases",
         description=__doc__.splitlines()[0].replace("``", ""),
     )
-    p.add_argument("--grid", default="default", help="quick | default | full | PATH.toml (default: default)")
+    p.add_argument("--grid", default="default", help="quick | default | full | sm120 | PATH.toml (default: default)")
     p.add_argument("--impls", help="comma-separated implementation names (default: all available)")
     p.add_argument("--modes", help="comma-separated among cold,graph (default: both)")
     p.add_argument("--case-filter", default="", help="keep cases whose id contains this (or equals it)")

@@ -14,8 +14,8 @@ Method (DESIGN.md section 5)
   bracket device work and never an idle GPU waiting for Python. Host work inside a call that
   synchronises (which a graph capture would reject) is still counted.
 * Cold L2 (the default). Before every sample and outside the events, either
-  - flush: zero a buffer of 2x the L2 size (``L2_cache_size`` of the device; 60 MB on an
-    H200, so 120 MB) and then read it back. Writing evicts everything; reading back leaves
+  - flush: zero a buffer of 2x the L2 size (``L2_cache_size`` of the device: 60 MiB
+    on an H200, so 126 MB) and then read it back. Writing evicts everything; reading back leaves
     clean lines, so the timed call neither finds its data in L2 nor pays the write-back of
     the flush; or
   - rotate: cycle through several prepared input sets (``rotate``), so that between two uses
@@ -95,7 +95,7 @@ class Timing:
     mode: str  # "cold" | "graph"
     samples_ms: list[float]
     stats: Stats
-    cold_l2: str  # how L2 was made cold: "flush 120 MB", "rotate 7 input sets", "none (cpu)"
+    cold_l2: str  # how L2 was made cold: "flush 126 MB", "rotate 7 input sets", "none (cpu)"
     note: str  # "" or why there are fewer samples than asked for
 
     @property

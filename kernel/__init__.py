@@ -6,7 +6,7 @@
     out, lse = verify_attention(q, kv_cache, kv_indices, qo_indptr, kv_indptr,
                                 tree_mask.cuda(), tree_mask_indptr.cuda(), sm_scale)
 
-The CUDA extension is built on first use (JIT, cached by source hash and GPU arch; see
+The CUDA extension is built on first use (JIT, cached by a hash of the sources, target archs and nvcc flags; see
 ``kernel/build.py``).
 """
 
@@ -77,7 +77,7 @@ def verify_attention(
                           streams its keys from DRAM), "wgmma" (sm_90a, two warpgroups: M=64, 64-key
                           tiles, 226 KB), "large" (mma.sync, M=64, 162 KB: sm_80/sm_90/sm_100),
                           "small" (mma.sync, M=48, 97 KB: sm_120) or "small-m32" (mma.sync, M=32,
-                          91 KB: sm_120's shape for calls of few rows). On a part without the
+                          89 KB: sm_120's shape for calls of few rows). On a part without the
                           shared memory for "large", "auto" takes "small-m32" or "small" per
                           call: the one whose busiest SM has less work as the plan lays the call
                           out (rows = tokens x heads, KV indices, the SM count; a row of M=32

@@ -99,7 +99,7 @@ def build_dir(name: str) -> Path:
 
 # torch's build lock (``<build dir>/lock``) has no timeout: a build killed mid-way (a bring-up
 # step's timeout, Ctrl-C) leaves it, and every later build would wait for it silently, forever.
-# A build takes 1-2 minutes; a lock older than this is taken for a dead build's.
+# A build takes 30 s to 2 minutes (by the host's cores); a lock older than this is taken for a dead build's.
 STALE_LOCK_S = 30 * 60
 LOCK_WAIT_S = 15 * 60
 LOCK_POLL_S = 1.0
@@ -171,7 +171,7 @@ def load_cuda_extension(
 
 
 def load_extension(verbose: bool = False) -> ModuleType:
-    """Build (first call, ~1-2 minutes) or load the cached extension module."""
+    """Build (first call, 30 s to 2 minutes) or load the cached extension module."""
     global _loaded, _loaded_build
     if _loaded is not None:
         return _loaded
