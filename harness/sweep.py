@@ -749,7 +749,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         help="time every available implementation over a grid of cases",
         description=__doc__.splitlines()[0].replace("``", ""),
     )
-    p.add_argument("--grid", default="default", help="quick | default | full | sm120 | PATH.toml (default: default)")
+    p.add_argument(
+        "--grid", default="default", help="quick | default | full | sm120 | PATH.toml (default: default)"
+    )
     p.add_argument("--impls", help="comma-separated implementation names (default: all available)")
     p.add_argument("--modes", help="comma-separated among cold,graph (default: both)")
     p.add_argument("--case-filter", default="", help="keep cases whose id contains this (or equals it)")
