@@ -38,8 +38,9 @@ a wrong mask changes nothing), per request with prefix P and T draft tokens:
                  row; every third one through the RoPE dims (512:576) alone.
     draft keys   draft node j's key has score (prefix lse + SELF_BOOST) for every head of its own
                  query (through e_j), and (prefix lse + DRAFT_BOOST) for head j % H of up to
-                 DRAFT_ALIGN descendants and DRAFT_ALIGN later non-descendants: whether token i
-                 sees j decides row (i, j % H), so a causal mask or a flipped bit changes the answer.
+                 DRAFT_ALIGN descendants, DRAFT_ALIGN later non-descendants and DRAFT_ALIGN_EARLIER
+                 earlier tokens: whether token i sees j decides row (i, j % H) for those pairs, so a causal
+                 mask, a cleared bit or a token shown a later draft token changes the answer.
 
 The readout (harness.readout) maps each position's output to a token; because its own key
 carries the code of tau_i in every head, the golden token has a margin far beyond what the
@@ -76,7 +77,7 @@ from harness.oracle import reference
 
 SCHEMA_VERSION = 1
 GENERATOR = "verify-attention/bundles"
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # 2: draft keys also aligned with earlier tokens
 BUNDLES_DIR = Path(__file__).resolve().parent.parent / "bundles"
 # DeepSeek-V3's softmax scale: 1 / sqrt(128 nope + 64 RoPE dims of the unabsorbed head).
 SM_SCALE_V3 = 1 / math.sqrt(192)
@@ -88,6 +89,7 @@ NEEDLE_BOOST = 3.0
 SELF_BOOST = 0.5
 DRAFT_BOOST = 1.0
 DRAFT_ALIGN = 4
+DRAFT_ALIGN_EARLIER = 2
 MIDDLE_NEEDLES = 4
 POOL_OVERHEAD = 1.25
 POOL_EXTRA = 17
@@ -576,13 +578,16 @@ def needle_positions(prefix_len: int, rng: np.random.Generator) -> list[int]:
 
 
 def draft_alignment(parents: Sequence[int], j: int) -> list[int]:
-    """Later draft nodes whose queries draft key j is aligned with: up to DRAFT_ALIGN descendants
-    (who must see j) and DRAFT_ALIGN non-descendants (who must not)."""
+    """Draft nodes whose queries draft key j is aligned with: up to DRAFT_ALIGN later descendants
+    (who must see j), DRAFT_ALIGN later non-descendants and DRAFT_ALIGN_EARLIER earlier nodes, the nearest
+    first (who must not: no token sees a later one), so that a mask showing a token a later draft
+    token changes the answer too."""
     vis = tree.visibility(parents)
     later = range(j + 1, len(parents))
     desc = [i for i in later if vis[i, j]][:DRAFT_ALIGN]
     other = [i for i in later if not vis[i, j]][:DRAFT_ALIGN]
-    return desc + other
+    earlier = list(range(j - 1, -1, -1))[:DRAFT_ALIGN_EARLIER]
+    return desc + other + earlier
 
 
 def _aligned_key(direction: np.ndarray, score: float, query: np.ndarray, scale: float) -> np.ndarray:
@@ -655,7 +660,7 @@ def _plant(
         for j in range(t):
             self_dir = e[j]
             row = (prefix_lse + SELF_BOOST) / (scale * float(np.mean(q[j] @ self_dir))) * self_dir
-            later = draft_alignment(par, j)
+            later = draft_alignment(par, j)  # later and earlier tokens
             if later:
                 # The shortest vector orthogonal to u and the e's with the same score for each
                 # aligned query at head j % H.

@@ -5,6 +5,7 @@ kernel bug; parity must fail each on at least one of the bundles smoke, ddtree a
 
     causal-mask        a causal mask instead of the tree (draft token i sees every j <= i)
     mask-bit-flip      one visibility bit cleared: draft token 1 no longer sees the root
+    mask-shows-later   one visibility bit set: the root sees draft token 1, a later token
     drop-first-prefix  prefix token 0 (the sink) skipped
     drop-last-prefix   prefix token P-1 skipped
     split-skip         the prefix processed in splits of SPLIT keys, each split after the first
@@ -62,11 +63,14 @@ def _split_positions(p: int, shift: int) -> list[int]:
     return positions
 
 
-def _flipped_visibility(batch: VerifyBatch) -> list[torch.Tensor]:
+def _flipped_visibility(batch: VerifyBatch, bit: tuple[int, int] = (1, 0)) -> list[torch.Tensor]:
+    """Every request's visibility, the first one of two tokens or more with ``bit`` (row, column)
+    toggled: (1, 0) hides the root from node 1 (its parent, always), (0, 1) shows node 1 to the
+    root (a later token, never visible)."""
     vis = [tree.visibility(p) for p in batch.parents]
     target = next((b for b, v in enumerate(vis) if v.shape[0] >= 2), None)
     if target is not None:
-        vis[target][1, 0] = False  # node 1's parent is always the root
+        vis[target][bit] = not bool(vis[target][bit])
     return vis
 
 
@@ -84,6 +88,10 @@ MUTANTS: dict[str, tuple[str, Callable[[VerifyBatch], tuple[torch.Tensor, torch.
     "mask-bit-flip": (
         "one mask bit cleared: draft token 1 does not see the root",
         lambda b: reference(b, visibility=_flipped_visibility(b)),
+    ),
+    "mask-shows-later": (
+        "one mask bit set: the root sees draft token 1, a later token",
+        lambda b: reference(b, visibility=_flipped_visibility(b, (0, 1))),
     ),
     "drop-first-prefix": (
         "prefix token 0 skipped",
