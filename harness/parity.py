@@ -39,7 +39,7 @@ from harness.env import environment, git_info
 from harness.materialise import PoolMismatchError
 from harness.registry import Implementation, implementations
 from harness.results import REPORTS_DIR as REPORTS_DIR  # where runs are written, as before
-from harness.results import ParityRow, Results, run_folder
+from harness.results import ParityRow, Results, ResultsError, run_folder
 from harness.timing import exclusive_gpu
 
 REL_TOL = 1e-2
@@ -304,7 +304,11 @@ def _cmd_parity(args: argparse.Namespace) -> int:
         notes=notes,
     )
     out_dir = out or default_out_dir(now, env["gpu"], git)
-    write_run(results, out_dir)
+    try:
+        write_run(results, out_dir)
+    except ResultsError as e:
+        print(f"parity: the report could not be written: {e}", file=sys.stderr)
+        return 1
     print_table(rows)
     for item in unavailable:
         print(f"unavailable: {item['impl']}: {item['reason']}")

@@ -677,14 +677,25 @@ def render_html(results: Results, source: str = "results.json") -> str:
     return env.get_template(TEMPLATE).render(**context(results))
 
 
+UNSHOWN_FILE = "results.unshown.json"
+
+
 def write_run(results: Results, out_dir: Path) -> Path:
     """Write ``index.html`` and then ``results.json`` into ``out_dir``, each atomically; returns
     out_dir. The page is rendered before anything is written, so a results set that cannot be
-    shown leaves no new files; ``results.json``, the file every tool keys a run on, is written
+    shown leaves no run folder behind, only its results as ``results.unshown.json`` (and a
+    ResultsError naming the field); ``results.json``, the file every tool keys a run on, is written
     last, so a run cut short between the two leaves a page and no results (a folder no tool
     reads), never results without their page."""
     out_dir = Path(out_dir)
-    page = render_html(results, str(out_dir / RESULTS_FILE))
+    try:
+        page = render_html(results, str(out_dir / RESULTS_FILE))
+    except ResultsError as e:
+        # A run whose results cannot be shown (a field of the wrong type: a bug where they were
+        # made) is still the user's measurements: kept under a name no tool takes for a run.
+        kept = out_dir / UNSHOWN_FILE
+        write_results(results, kept)
+        raise ResultsError(f"{e}; the results are kept in {kept}, which no tool reads as a run") from e
     atomic_write_text(out_dir / "index.html", page)
     write_results(results, out_dir / RESULTS_FILE)
     return out_dir

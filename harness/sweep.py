@@ -85,7 +85,7 @@ from harness.cli import check_out_dir, positive_number, shown
 from harness.env import environment, git_info
 from harness.registry import Implementation, RunFn, impl_config_of
 from harness.results import REPORTS_DIR as REPORTS_DIR  # the repository's reports/, from any directory
-from harness.results import Results, SweepRow, run_folder
+from harness.results import Results, ResultsError, SweepRow, run_folder
 from harness.roofline import Ceilings, measure_ceilings, throughput
 from harness.timing import MODES, Timing, exclusive_gpu, l2_bytes_of, measure, rotation_sets, round_sig
 
@@ -727,7 +727,11 @@ def write_sweep_report(results: Results, out: str | None, grid_label: str) -> in
         else REPORTS_DIR
         / run_dir_name(grid_label, gpu.get("name"), results.git.get("sha"), datetime.now(timezone.utc))
     )
-    write_run(results, out_dir)
+    try:
+        write_run(results, out_dir)
+    except ResultsError as e:
+        print(f"error: the report could not be written: {e}", file=sys.stderr)
+        return 1
     errors = [r for r in results.sweep if r.status != "ok"]
     print(f"{len(results.sweep)} rows, {len(errors)} errors -> {shown(out_dir / 'index.html')}")
     for r in errors:

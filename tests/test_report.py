@@ -268,18 +268,24 @@ def test_write_run_writes_json_and_html_and_leaves_no_temporary_files(tmp_path: 
     assert load_results(out).to_json() == load_results(PARITY).to_json()
 
 
-def test_write_run_writes_nothing_when_the_results_cannot_be_shown(tmp_path: Path) -> None:
+def test_write_run_writes_no_run_when_the_results_cannot_be_shown_only_the_results_aside(
+    tmp_path: Path,
+) -> None:
     results = load_results(SWEEP)
     broken = replace(results, sweep=[replace(results.sweep[0], samples_ms="fast")])
     with pytest.raises(ResultsError, match=r"sweep\[0\] .*samples_ms must be a list of numbers"):
         write_run(broken, tmp_path / "run")
-    assert not (tmp_path / "run").exists()
+    assert not (tmp_path / "run" / "results.json").exists() and not (tmp_path / "run" / "index.html").exists()
+    assert (tmp_path / "run" / "results.unshown.json").is_file()
 
 
-def test_write_run_refuses_results_it_could_not_read_back(tmp_path: Path) -> None:
-    with pytest.raises(ResultsError, match=r"environment must be an object, got None"):
-        write_run(replace(load_results(PARITY), environment=None), tmp_path / "run")
-    assert not (tmp_path / "run").exists()
+def test_write_run_refuses_results_it_could_not_read_back_and_keeps_them_aside(tmp_path: Path) -> None:
+    bad = replace(load_results(PARITY), environment=None)
+    with pytest.raises(ResultsError, match=r"environment must be an object, got None.*results.unshown.json"):
+        write_run(bad, tmp_path / "run")
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["results.unshown.json"]
+    kept = json.loads((tmp_path / "run" / "results.unshown.json").read_text())
+    assert kept["environment"] is None and len(kept["parity"]) == len(bad.parity)
 
 
 def test_write_run_writes_results_json_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -698,3 +698,13 @@ def test_a_sweep_without_out_writes_under_the_repositorys_reports_from_any_direc
     (out_dir,) = written
     assert out_dir.parent == REPORTS_DIR and REPORTS_DIR.is_absolute()
     assert out_dir.name.endswith("-sweep-quick-cpu-abc1234")
+
+
+def test_a_report_that_cannot_be_shown_is_an_error_that_says_where_the_results_are(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = Results("sweep", "t", "c", git={"sha": "abc1234def", "dirty": "no"}, environment={"gpu": None})
+    assert sweep.write_sweep_report(run, str(tmp_path / "run"), "quick") == 1
+    err = capsys.readouterr().err
+    assert "error: the report could not be written" in err and "results.unshown.json" in err
+    assert (tmp_path / "run" / "results.unshown.json").is_file()
