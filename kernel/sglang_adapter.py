@@ -74,6 +74,13 @@ def _words_to_int32(words: torch.Tensor) -> torch.Tensor:
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
+def _check_indptr_shapes(qo_indptr: torch.Tensor, kv_indptr: torch.Tensor) -> None:
+    if qo_indptr.dim() != 1 or qo_indptr.numel() < 1 or kv_indptr.shape != qo_indptr.shape:
+        raise ValueError(
+            f"qo_indptr and kv_indptr must both be [B+1], got {tuple(qo_indptr.shape)} and {tuple(kv_indptr.shape)}"
+        )
+
+
 def verify_metadata_from_sglang(
     qo_indptr: torch.Tensor,
     kv_indptr: torch.Tensor,
@@ -95,10 +102,7 @@ def verify_metadata_from_sglang(
     n = out_cache_loc.numel()
     if max_len_extend < 1:
         raise ValueError(f"max_len_extend = {max_len_extend}; every request has at least one draft token")
-    if qo_indptr.dim() != 1 or qo_indptr.numel() < 1 or kv_indptr.shape != qo_indptr.shape:
-        raise ValueError(
-            f"qo_indptr and kv_indptr must both be [B+1], got {tuple(qo_indptr.shape)} and {tuple(kv_indptr.shape)}"
-        )
+    _check_indptr_shapes(qo_indptr, kv_indptr)
     num_prefix_slots = kv_indices.numel()
     if prefix_len_sum is not None and not 0 <= prefix_len_sum <= num_prefix_slots:
         raise ValueError(
@@ -296,10 +300,7 @@ def check_sglang_metadata(
     to run while a CUDA graph is being captured."""
     if qo_indptr.is_cuda and torch.cuda.is_current_stream_capturing():
         raise ValueError("validate=True reads the metadata on the host: not while a CUDA graph is captured")
-    if qo_indptr.dim() != 1 or qo_indptr.numel() < 1 or kv_indptr.shape != qo_indptr.shape:
-        raise ValueError(
-            f"qo_indptr and kv_indptr must both be [B+1], got {tuple(qo_indptr.shape)} and {tuple(kv_indptr.shape)}"
-        )
+    _check_indptr_shapes(qo_indptr, kv_indptr)
     qo, kvp = qo_indptr.cpu().to(torch.int64), kv_indptr.cpu().to(torch.int64)
     for name, ptr in (("qo_indptr", qo), ("kv_indptr", kvp)):
         if ptr[0] != 0 or bool((ptr[1:] < ptr[:-1]).any()):

@@ -77,6 +77,11 @@ def make_results(
     )
 
 
+def one_case(median_ms: float, *, seed: int, **kwargs: object) -> Results:
+    """A run of the one case "c", timed around ``median_ms`` (``make_results``'s keywords)."""
+    return make_results({"c": timings(median_ms, seed=seed)}, **kwargs)  # type: ignore[arg-type]
+
+
 def save(results: Results, folder: Path) -> Path:
     path = folder / "results.json"
     write_results(results, path)
@@ -401,8 +406,8 @@ def test_cli_lists_cases_present_on_one_side_only(
 def test_cli_refuses_different_gpu_models_without_force(
     tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    base = save(make_results({"c": timings(0.1, seed=1)}, gpu=H200), tmp_path / "a")
-    head = save(make_results({"c": timings(0.2, seed=2)}, gpu="NVIDIA GeForce RTX 5090"), tmp_path / "b")
+    base = save(one_case(0.1, seed=1, gpu=H200), tmp_path / "a")
+    head = save(one_case(0.2, seed=2, gpu="NVIDIA GeForce RTX 5090"), tmp_path / "b")
     assert run_cli(str(base), str(head), "--out", str(out_dir)) == 2
     err = capsys.readouterr().err
     assert H200 in err and "RTX 5090" in err and "--force" in err
@@ -427,8 +432,8 @@ def with_ceilings(results: Results, tflops: float, gbs: float) -> Results:
 
 
 def test_ceilings_that_moved_get_a_note_with_both_values() -> None:
-    base = with_ceilings(make_results({"c": timings(0.1, seed=1)}), 779.0, 4264.0)
-    head = with_ceilings(make_results({"c": timings(0.1, seed=2)}), 740.0, 4263.0)
+    base = with_ceilings(one_case(0.1, seed=1), 779.0, 4264.0)
+    head = with_ceilings(one_case(0.1, seed=2), 740.0, 4263.0)
     c = compare.compare_results(compare.Side("a", base), compare.Side("b", head))
     (note,) = [n for n in c.notes if "ceilings" in n]
     assert "bf16 tensor peak 779 -> 740 TFLOP/s (-5.0%)" in note
@@ -437,8 +442,8 @@ def test_ceilings_that_moved_get_a_note_with_both_values() -> None:
 
 
 def test_an_empty_kernel_that_moved_gets_a_note_and_one_that_did_not_none() -> None:
-    base = with_ceilings(make_results({"c": timings(0.1, seed=1)}), 779.0, 4264.0)
-    head = with_ceilings(make_results({"c": timings(0.1, seed=2)}), 779.0, 4264.0)
+    base = with_ceilings(one_case(0.1, seed=1), 779.0, 4264.0)
+    head = with_ceilings(one_case(0.1, seed=2), 779.0, 4264.0)
     base.ceilings["empty_kernel_ms"], head.ceilings["empty_kernel_ms"] = 0.0035, 0.0042
     c = compare.compare_results(compare.Side("a", base), compare.Side("b", head))
     (note,) = [n for n in c.notes if "empty kernel" in n]
@@ -453,18 +458,18 @@ def test_an_empty_kernel_that_moved_gets_a_note_and_one_that_did_not_none() -> N
 
 
 def test_ceilings_within_two_percent_or_missing_get_no_note() -> None:
-    base = with_ceilings(make_results({"c": timings(0.1, seed=1)}), 779.0, 4264.0)
-    head = with_ceilings(make_results({"c": timings(0.1, seed=2)}), 770.0, 4300.0)
+    base = with_ceilings(one_case(0.1, seed=1), 779.0, 4264.0)
+    head = with_ceilings(one_case(0.1, seed=2), 770.0, 4300.0)
     c = compare.compare_results(compare.Side("a", base), compare.Side("b", head))
     assert not any("ceilings" in n for n in c.notes)
-    bare = make_results({"c": timings(0.1, seed=3)})
+    bare = one_case(0.1, seed=3)
     c = compare.compare_results(compare.Side("a", base), compare.Side("b", bare))
     assert not any("ceilings" in n for n in c.notes)
 
 
 def test_impls_option_restricts_the_gate(tmp_path: Path, out_dir: Path) -> None:
-    base = make_results({"c": timings(0.1, seed=1)})
-    head = make_results({"c": timings(0.2, seed=2)}, sha="b" * 40)
+    base = one_case(0.1, seed=1)
+    head = one_case(0.2, seed=2, sha="b" * 40)
     a, b = str(save(base, tmp_path / "a")), str(save(head, tmp_path / "b"))
     assert run_cli(a, b, "--out", str(out_dir), "--impls", "sglang-triton-ps1") == 0
     assert run_cli(a, b, "--out", str(out_dir), "--impls", "verify-attn-cuda") == 1
@@ -481,7 +486,7 @@ def test_an_argument_that_is_neither_path_nor_revision_is_named(
 ) -> None:
     git_repo(tmp_path)
     monkeypatch.chdir(tmp_path)
-    save(make_results({"c": timings(0.1, seed=1)}), tmp_path / "b")
+    save(one_case(0.1, seed=1), tmp_path / "b")
     assert run_cli("no-such-thing", "b") == 2
     assert "BASE: 'no-such-thing' is neither" in capsys.readouterr().err
 
@@ -569,20 +574,20 @@ def test_a_revision_resolves_to_its_newest_committed_run_of_the_same_model_and_g
 ) -> None:
     repo = git_repo(tmp_path / "repo")
     reports = repo / "reports"
-    save(make_results({"c": timings(0.2, seed=9)}, created="2025-01-01T00:00:00Z"), reports / "old")
-    save(make_results({"c": timings(0.1, seed=1)}, created="2025-02-01T00:00:00Z"), reports / "base")
+    save(one_case(0.2, seed=9, created="2025-01-01T00:00:00Z"), reports / "old")
+    save(one_case(0.1, seed=1, created="2025-02-01T00:00:00Z"), reports / "base")
     # newer, but another GPU model and another grid: must not be picked
     save(
-        make_results({"c": timings(0.5, seed=5)}, gpu="NVIDIA B200", created="2025-03-01T00:00:00Z"),
+        one_case(0.5, seed=5, gpu="NVIDIA B200", created="2025-03-01T00:00:00Z"),
         reports / "b200",
     )
     save(
-        make_results({"c": timings(0.5, seed=6)}, grid="full", created="2025-03-01T00:00:00Z"),
+        one_case(0.5, seed=6, grid="full", created="2025-03-01T00:00:00Z"),
         reports / "full",
     )
     base_sha = commit_all(repo, "base runs")
     head = save(
-        make_results({"c": timings(0.11, seed=2)}, sha="b" * 40, created="2025-04-01T00:00:00Z"),
+        one_case(0.11, seed=2, sha="b" * 40, created="2025-04-01T00:00:00Z"),
         tmp_path / "head",
     )
     monkeypatch.chdir(repo)
@@ -599,14 +604,14 @@ def test_two_revisions_compare_every_group_present_at_both(
 ) -> None:
     repo = git_repo(tmp_path / "repo")
     reports = repo / "reports"
-    save(make_results({"c": timings(0.1, seed=1)}, created="2025-01-01T00:00:00Z"), reports / "q1")
+    save(one_case(0.1, seed=1, created="2025-01-01T00:00:00Z"), reports / "q1")
     save(
         make_results(parity=[parity_row("smoke", "pass")], kind="parity", created="2025-01-01T00:00:00Z"),
         reports / "p1",
     )
     first = commit_all(repo, "first")
     save(
-        make_results({"c": timings(0.1, seed=2)}, sha="b" * 40, created="2025-01-02T00:00:00Z"),
+        one_case(0.1, seed=2, sha="b" * 40, created="2025-01-02T00:00:00Z"),
         reports / "q2",
     )
     second = commit_all(repo, "second")
@@ -623,9 +628,9 @@ def test_a_revision_without_a_matching_run_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     repo = git_repo(tmp_path / "repo")
-    save(make_results({"c": timings(0.1, seed=1)}, grid="full"), repo / "reports" / "x")
+    save(one_case(0.1, seed=1, grid="full"), repo / "reports" / "x")
     sha = commit_all(repo, "x")
-    head = save(make_results({"c": timings(0.1, seed=1)}, grid="quick"), tmp_path / "head")
+    head = save(one_case(0.1, seed=1, grid="quick"), tmp_path / "head")
     monkeypatch.chdir(repo)
     assert run_cli(sha, str(head)) == 2
     assert "has no committed run of sweep quick on NVIDIA H200" in capsys.readouterr().err
@@ -637,19 +642,19 @@ def test_history_compares_the_newest_two_of_each_model_and_grid(
     reports = tmp_path / "reports"
     # "-05:00" sorts before "+00:00" as text but is the later time: order must use the time itself
     save(
-        make_results({"c": timings(0.1, seed=1)}, sha="1" * 40, created="2025-01-01T00:00:00+00:00"),
+        one_case(0.1, seed=1, sha="1" * 40, created="2025-01-01T00:00:00+00:00"),
         reports / "r1",
     )
     save(
-        make_results({"c": timings(0.1, seed=2)}, sha="2" * 40, created="2025-01-02T00:00:00+00:00"),
+        one_case(0.1, seed=2, sha="2" * 40, created="2025-01-02T00:00:00+00:00"),
         reports / "r2",
     )
     save(
-        make_results({"c": timings(0.11, seed=3)}, sha="3" * 40, created="2025-01-01T23:00:00-05:00"),
+        one_case(0.11, seed=3, sha="3" * 40, created="2025-01-01T23:00:00-05:00"),
         reports / "r3",
     )
-    save(make_results({"c": timings(0.5, seed=4)}, sha="4" * 40, gpu="NVIDIA B200"), reports / "b200")
-    save(make_results({"c": timings(0.5, seed=5)}, sha="5" * 40, grid="full"), reports / "full")
+    save(one_case(0.5, seed=4, sha="4" * 40, gpu="NVIDIA B200"), reports / "b200")
+    save(one_case(0.5, seed=5, sha="5" * 40, grid="full"), reports / "full")
     assert run_cli("--history", str(reports), "--out", str(out_dir)) == 1
     out = capsys.readouterr().out
     assert out.count("compare sweep") == 1
@@ -661,17 +666,17 @@ def test_history_reads_the_runs_git_tracks_or_would_track(tmp_path: Path, out_di
     reports = repo / "reports"
     (repo / ".gitignore").write_text("reports/_work/\n")
     save(
-        make_results({"c": timings(0.1, seed=1)}, sha="1" * 40, created="2025-01-01T00:00:00Z"),
+        one_case(0.1, seed=1, sha="1" * 40, created="2025-01-01T00:00:00Z"),
         reports / "r1",
     )
     r2 = save(
-        make_results({"c": timings(0.1, seed=2)}, sha="2" * 40, created="2025-01-02T00:00:00Z"),
+        one_case(0.1, seed=2, sha="2" * 40, created="2025-01-02T00:00:00Z"),
         reports / "r2",
     )
     commit_all(repo, "runs")
     # Ignored: a scratch run under reports/_work is never gated, however new.
     save(
-        make_results({"c": timings(0.3, seed=3)}, sha="3" * 40, created="2025-01-05T00:00:00Z"),
+        one_case(0.3, seed=3, sha="3" * 40, created="2025-01-05T00:00:00Z"),
         reports / "_work" / "scratch",
     )
     pairs = compare.history_pairs(reports)
@@ -683,7 +688,7 @@ def test_history_reads_the_runs_git_tracks_or_would_track(tmp_path: Path, out_di
     assert [(b.results.git["sha"][0], h.results.git["sha"][0]) for b, h in pairs] == [("1", "2")]
     # A new run not yet added is what the next commit would hold: it is gated as HEAD.
     save(
-        make_results({"c": timings(0.1, seed=4)}, sha="4" * 40, created="2025-01-03T00:00:00Z"),
+        one_case(0.1, seed=4, sha="4" * 40, created="2025-01-03T00:00:00Z"),
         reports / "r4",
     )
     pairs = compare.history_pairs(reports)
@@ -698,13 +703,13 @@ def test_history_and_revisions_read_compressed_results(
     repo = git_repo(tmp_path / "repo")
     reports = repo / "reports"
     old = save(
-        make_results({"c": timings(0.1, seed=1)}, sha="1" * 40, created="2025-01-01T00:00:00Z"),
+        one_case(0.1, seed=1, sha="1" * 40, created="2025-01-01T00:00:00Z"),
         reports / "r1",
     )
     compress_results(old)
     first = commit_all(repo, "r1")
     save(
-        make_results({"c": timings(0.11, seed=2)}, sha="2" * 40, created="2025-01-02T00:00:00Z"),
+        one_case(0.11, seed=2, sha="2" * 40, created="2025-01-02T00:00:00Z"),
         reports / "r2",
     )
     commit_all(repo, "r2")
@@ -722,10 +727,10 @@ def test_a_run_with_both_forms_of_its_results_counts_once(tmp_path: Path) -> Non
     the run is still one run (its plain file), not two that the gate would compare with each other."""
     reports = tmp_path / "reports"
     save(
-        make_results({"c": timings(0.1, seed=1)}, sha="1" * 40, created="2025-01-01T00:00:00Z"),
+        one_case(0.1, seed=1, sha="1" * 40, created="2025-01-01T00:00:00Z"),
         reports / "r1",
     )
-    r2 = make_results({"c": timings(0.1, seed=2)}, sha="2" * 40, created="2025-01-02T00:00:00Z")
+    r2 = one_case(0.1, seed=2, sha="2" * 40, created="2025-01-02T00:00:00Z")
     compress_results(save(r2, reports / "r2"))
     save(r2, reports / "r2")
     ((base, head),) = compare.history_pairs(reports)
@@ -830,7 +835,7 @@ def test_the_committed_waivers_file_parses() -> None:
 def test_history_with_nothing_to_compare_exits_0_and_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    save(make_results({"c": timings(0.1, seed=1)}), tmp_path / "reports" / "only")
+    save(one_case(0.1, seed=1), tmp_path / "reports" / "only")
     assert run_cli("--history", str(tmp_path / "reports")) == 0
     assert "nothing to compare" in capsys.readouterr().out
 
@@ -875,11 +880,11 @@ def test_history_does_not_take_a_narrowed_run_for_the_newest_full_one(
 ) -> None:
     reports = tmp_path / "reports"
     save(
-        make_results({"c": timings(0.1, seed=1)}, sha="1" * 40, created="2025-01-01T00:00:00Z"),
+        one_case(0.1, seed=1, sha="1" * 40, created="2025-01-01T00:00:00Z"),
         reports / "r1",
     )
     save(
-        make_results({"c": timings(0.12, seed=2)}, sha="2" * 40, created="2025-01-02T00:00:00Z"),
+        one_case(0.12, seed=2, sha="2" * 40, created="2025-01-02T00:00:00Z"),
         reports / "r2",
     )
     partial = make_results({}, sha="3" * 40, created="2025-01-03T00:00:00Z")
@@ -894,7 +899,7 @@ def test_corrupt_results_file_is_named(tmp_path: Path, capsys: pytest.CaptureFix
     bad = tmp_path / "bad" / "results.json"
     bad.parent.mkdir()
     bad.write_text(json.dumps({"schema": "verify-attention/results"})[:-3])
-    good = save(make_results({"c": timings(0.1, seed=1)}), tmp_path / "good")
+    good = save(one_case(0.1, seed=1), tmp_path / "good")
     assert run_cli(str(bad.parent), str(good)) == 2
     assert str(bad) in capsys.readouterr().err
 
