@@ -25,6 +25,9 @@ size_t workspace_bytes(int batch, int max_partials) {
 
 template <class Cfg>
 void fill_plan(int batch, int num_tokens, int num_heads, int max_partials, int config, Plan* plan) {
+  // Splits are whole tiles, so every split and tile starts a multiple of 16 keys into its request:
+  // tests/test_split_boundaries.py plants its needles on both sides of each such position.
+  static_assert(Cfg::kBlockN % 16 == 0, "KV tiles of a multiple of 16 keys");
   plan->config = config;
   plan->rows_per_cta = Cfg::kM;
   plan->block_n = Cfg::kBlockN;
