@@ -167,9 +167,24 @@ def test_the_moves_are_what_the_oracle_gives_for_flipped_bits() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"T{s.num_draft}")
 def test_kernel_sees_exactly_each_tree(shape: Shape) -> None:
+    """Every config passes; and, as the control on the GPU, the kernel given a mask one bit off in
+    the 32k-prefix request (its last token's parent hidden, or its root shown token 1) fails."""
     from test_kernel_gpu import assert_close, describe, gpu_configs, run_kernel
 
+    import kernel
+
     batch = build(shape).to(torch.device("cuda"))
+    b = PREFIXES.index(32768 + 13)
+    last = shape.num_draft - 1
+    flips = ((last, batch.parents[b][last]), (0, 1))
     for config in ("auto", *gpu_configs()):
         out, lse = run_kernel(batch, config=config)
         assert_close(out, lse, batch, f"{describe(batch)} config={config}")
+        for bit in flips:
+            vis = [tree.visibility(p) for p in batch.parents]
+            vis[b][bit] = not bool(vis[b][bit])
+            mask, mask_indptr = (x.cuda() for x in kernel.pack_visibility(vis))
+            args = (batch.q, batch.kv_cache, batch.kv_indices, batch.qo_indptr, batch.kv_indptr)
+            wrong = kernel.verify_attention(*args, mask, mask_indptr, SM_SCALE, validate=False, config=config)
+            with pytest.raises(AssertionError):
+                assert_close(*wrong, batch, f"bit {bit} flipped, config={config}")

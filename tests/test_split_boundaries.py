@@ -206,9 +206,17 @@ def test_the_moves_are_what_the_oracle_gives_for_a_mutated_batch() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"P{list(s.prefix)}-H{s.heads}")
 def test_kernel_at_every_split_boundary(shape: Shape) -> None:
+    """Every config passes; and, as the control on the GPU, the kernel given kv_indices that read
+    key 16 * 40 - 1 in place of key 16 * 40 of the first request (one boundary key lost, its
+    neighbour read twice) fails."""
     from test_kernel_gpu import assert_close, describe, gpu_configs, run_kernel
 
     batch = build(shape).batch.to(torch.device("cuda"))
+    shifted = batch.kv_indices.clone()
+    shifted[BOUNDARY * 40] = shifted[BOUNDARY * 40 - 1]
     for config in ("auto", *gpu_configs()):
         out, lse = run_kernel(batch, config=config)
         assert_close(out, lse, batch, f"{describe(batch)} config={config}")
+        wrong = run_kernel(batch, config=config, validate=False, kv_indices=shifted)
+        with pytest.raises(AssertionError):
+            assert_close(*wrong, batch, f"key {BOUNDARY * 40} read as its neighbour, config={config}")
