@@ -99,14 +99,16 @@ def build(shape: Shape) -> VerifyBatch:
     )
 
 
-def bit_moves(batch: VerifyBatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def bit_moves(
+    batch: VerifyBatch, out: torch.Tensor, lse: torch.Tensor
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per request, ([T, T] relative move, [T, T] lse move) of token i's rows (the larger of its
-    heads) when bit (i, j) of the visibility is flipped, from the float64 oracle.
+    heads) when bit (i, j) of the visibility is flipped, from the batch's float64 oracle ``out``,
+    ``lse``.
 
     With w the weight key j would have in row (i, h) and v its value, the row's output o becomes
     (o - w v) / (1 - w) when a visible key is hidden and (o + w v) / (1 + w) when a hidden one is
     shown; lse moves by log(1 -+ w)."""
-    out, lse = reference(batch)
     qo, kv = batch.host_indptrs()
     moves = []
     for b, (p, parents) in enumerate(zip(batch.prefix_lens, batch.parents, strict=True)):
@@ -135,7 +137,7 @@ def bit_moves(batch: VerifyBatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"T{s.num_draft}")
 def test_every_single_bit_flip_fails_parity(shape: Shape) -> None:
     batch = build(shape)
-    for b, (rel, dl) in enumerate(bit_moves(batch)):
+    for b, (rel, dl) in enumerate(bit_moves(batch, *reference(batch))):
         i, j = divmod(int(rel.argmin()), rel.shape[1])
         assert float(rel.min()) >= MIN_MOVE_REL, (
             f"request {b}: bit ({i}, {j}) moves its row by {float(rel.min()):.3g}"
@@ -151,8 +153,8 @@ def test_the_moves_are_what_the_oracle_gives_for_flipped_bits() -> None:
     request, token 5 shown token 9 (a later one) and token 9 its parent hidden."""
     batch = build(SHAPES[1])
     b = PREFIXES.index(32768 + 13)
-    rel, dl = bit_moves(batch)[b]
     out, lse = reference(batch)
+    rel, dl = bit_moves(batch, out, lse)[b]
     parent = batch.parents[b][9]
     for i, j in ((5, 9), (9, parent)):
         vis = [tree.visibility(p) for p in batch.parents]

@@ -132,14 +132,14 @@ def build(shape: Shape) -> NeedleBatch:
     )
 
 
-def needle_moves(nb: NeedleBatch) -> tuple[torch.Tensor, torch.Tensor]:
+def needle_moves(nb: NeedleBatch, out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """For every needle, (relative move of its row's output, absolute move of its lse) when that
-    one key is dropped, and when it is counted twice: [needles, 2] each, from the float64 oracle.
+    one key is dropped, and when it is counted twice: [needles, 2] each, from the batch's float64
+    oracle ``out``, ``lse``.
 
     With w the key's softmax weight in its row and v its value, the row's output o becomes
     (o - w v) / (1 - w) without it and (o + w v) / (1 + w) with it twice; lse moves by log(1 -+ w)."""
     batch = nb.batch
-    out, lse = reference(batch)
     qo, kv = batch.host_indptrs()
     rel = torch.empty(len(nb.needles), 2, dtype=torch.float64)
     dlse = torch.empty_like(rel)
@@ -165,7 +165,7 @@ def test_every_boundary_key_decides_its_row(shape: Shape) -> None:
         assert planted == set(needle_positions(p))
         assert {0, p - 1} <= planted
         assert all({e - 1, e} <= planted for e in range(BOUNDARY, p, BOUNDARY))
-    rel, dlse = needle_moves(nb)
+    rel, dlse = needle_moves(nb, *reference(nb.batch))
     worst = int(rel.min(dim=1).values.argmin())
     assert float(rel.min()) >= MIN_MOVE_REL, (
         f"needle {nb.needles[worst]} moves its row by only {float(rel[worst].min()):.3g}"
@@ -179,8 +179,8 @@ def test_the_moves_are_what_the_oracle_gives_for_a_mutated_batch() -> None:
     """needle_moves' closed form against the oracle run on a batch that really drops one boundary
     key and reads another twice (split-skip and split-overlap at one boundary each)."""
     nb = build(SHAPES[1])
-    rel, dlse = needle_moves(nb)
     out, lse = reference(nb.batch)
+    rel, dlse = needle_moves(nb, out, lse)
     p = nb.batch.prefix_lens[0]
     # Request 0 without its key 16 * 40 and with key 16 * 90 - 1 twice; the others as they were.
     dropped, doubled = BOUNDARY * 40, BOUNDARY * 90 - 1
