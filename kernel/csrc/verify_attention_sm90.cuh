@@ -754,6 +754,73 @@ __device__ __forceinline__ void entry_prefetch(const Params& p) {
   if (threadIdx.x == 0) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p.tree_mask_indptr));
 }
 
+// Q of a row tile into shared memory by WG0's 128 threads (t = 0..127), issued and committed, not
+// waited for (kernel/NOTES.md, v60):
+// - the dims WG0 holds in registers (the first kQRegSteps k-steps) into staging rows in KV stages
+//   1.., 16-byte units a row in order, so that a warp instruction reads 512 contiguous bytes of
+//   one row; a row's pitch is an odd number of 16-byte units, so that ldmatrix's 8 rows fall in 8
+//   different bank groups; the stages are free until WG1/WG2 gather tiles 1.. there, which they
+//   do only once WG0 has read its fragments (bar_q_read);
+// - the dims read by SS k-steps (chunks 8 - kQSmemLatent .. 8, the RoPE dims last) into their
+//   swizzled place at sQs, two threads a row.
+// Padding rows (>= valid_rows) are zero-filled: their results are dropped.
+template <class Cfg>
+struct QStaging {
+  static constexpr int kUnits = Cfg::kQRegSteps * 2;          // 16-byte units of a row's register dims
+  static constexpr int kPitch = Cfg::kQRegSteps * 32 + 16;    // bytes a staging row
+  static constexpr int kOff = Cfg::kKVOff + Cfg::kTileBytes;  // KV stage 1 (tile 0's stage is gathered meanwhile)
+  static_assert(Cfg::kM * kPitch <= (Cfg::kStages - 1) * Cfg::kTileBytes, "staging rows fit in KV stages 1..");
+};
+template <class Cfg>
+__device__ __forceinline__ void stage_q(const Params& p, uint32_t base, int64_t q_row_base, int valid_rows, int t) {
+  using S = QStaging<Cfg>;
+  const uint32_t stage = base + S::kOff;
+  for (int i = t; i < Cfg::kM * S::kUnits; i += 128) {
+    const int r = i / S::kUnits, u = i % S::kUnits;
+    const bool ok = r < valid_rows;
+    cp_async_16_shared(stage + r * S::kPitch + u * 16, p.q + (ok ? (q_row_base + r) * kQKDim + u * 8 : 0), ok);
+  }
+  constexpr int kQSmemLatent = Cfg::kQSmemLatent;
+  const uint32_t sQs = base + Cfg::kQSmemOff;
+  const int r = t / 2, sub = t % 2;
+  const bool ok = r < valid_rows;
+  const __nv_bfloat16* src = p.q + (ok ? (q_row_base + r) * kQKDim + (8 - kQSmemLatent) * 64 : 0);
+#pragma unroll
+  for (int i = 0; i <= kQSmemLatent; ++i)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int u = sub + 2 * k;
+      cp_async_16_shared(sQs + i * 64 * 128 + r * 128 + ((u ^ (r & 7)) << 4), src + i * 64 + u * 8, ok);
+    }
+  cp_async_commit();
+}
+// WG0's A fragments of Q's register dims from the staging rows: one ldmatrix.x4 a k-step and warp
+// (matrices: rows 0-7 / 8-15 of the warp's 16, dims 0-7 / 8-15 of the k-step), the words
+// load_q_fragments gives.
+template <class Cfg>
+__device__ __forceinline__ void ldmatrix_q_fragments(uint32_t (&qa)[Cfg::kQRegSteps][4], uint32_t base, int warp_in_wg,
+                                                     int lane) {
+  using S = QStaging<Cfg>;
+  const int m = lane / 8, r = 16 * warp_in_wg + (m & 1) * 8 + lane % 8;
+  const uint32_t addr = base + S::kOff + r * S::kPitch + (m >> 1) * 16;
+#pragma unroll
+  for (int ks = 0; ks < Cfg::kQRegSteps; ++ks)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(qa[ks][0]), "=r"(qa[ks][1]), "=r"(qa[ks][2]), "=r"(qa[ks][3])
+                 : "r"(addr + ks * 32)
+                 : "memory");
+}
+// A single request's row tile of Q as the plan will give it (its row tiles from q's row count, the
+// tile from the block index), so that Q's copies can go out before the plan; WG0 checks it against
+// the decoded work item. False for batches (and for a q without rows): no guess.
+__device__ __forceinline__ bool guess_q_rows(const Params& p, int item, int kM, int64_t& row_base, int& valid_rows) {
+  if (p.batch != 1 || p.num_q_rows <= 0) return false;
+  const int row_tiles = ceil_div(p.num_q_rows, kM), tile = item % row_tiles;
+  row_base = static_cast<int64_t>(tile) * kM;
+  valid_rows = min(kM, p.num_q_rows - tile * kM);
+  return true;
+}
+
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_kernel(Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -771,12 +838,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   // the plan's entries, which the few-row combine reads before its griddepcontrol.wait.
   if (item != 0) allow_dependent_launch();
   entry_prefetch(p);
-  plan_block<Cfg>(p, item, &s_plan);
-  if (item >= s_plan.num_items) return;
-
   extern __shared__ __align__(16) unsigned char smem_raw[];  // aligned to 1024 B below
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
+#ifndef VA_Q_FRAGMENT_LOADS
+  // One request: Q's copies before the plan (kernel/NOTES.md, v60).
+  if (threadIdx.x < 128) {
+    int64_t row_base;
+    int valid_rows;
+    if (guess_q_rows(p, item, Cfg::kM, row_base, valid_rows)) stage_q<Cfg>(p, base, row_base, valid_rows, threadIdx.x);
+  }
+#endif
+  plan_block<Cfg>(p, item, &s_plan);
+  if (item >= s_plan.num_items) {
+#ifndef VA_Q_FRAGMENT_LOADS
+    cp_async_wait<0>();  // the copies above land before the CTA ends
+#endif
+    return;
+  }
+
   const uint32_t sKV = base + Cfg::kKVOff, sP = base + Cfg::kPOff, sQs = base + Cfg::kQSmemOff;
   float* sAlpha = reinterpret_cast<float*>(smem_raw + (base - raw) + Cfg::kAlphaOff);
   float* sStat = reinterpret_cast<float*>(smem_raw + (base - raw) + Cfg::kStatOff);
@@ -795,8 +875,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   __shared__ __align__(8) uint64_t s_bar_pv_done[kPipe ? kPBufs : 1];
   __shared__ __align__(8) uint64_t s_bar_full[kPipe ? kStages : 1];
   const uint32_t bar_pv_done = smem_addr(s_bar_pv_done), bar_full = smem_addr(s_bar_full);
+  // WG0 has read its fragments out of the staging rows in KV stages 1.. (WG0 -> WG1/WG2, once).
+  __shared__ __align__(8) uint64_t s_bar_q_read;
+  const uint32_t bar_q_read = smem_addr(&s_bar_q_read);
   if (tid == 0) {
     s_item = decode_item<kM>(p, s_plan, item);
+    mbar_init(bar_q_read, 128);
 #pragma unroll
     for (int b = 0; b < kPBufs; ++b) mbar_init(bar_p_ready + 8 * b, 32);  // the 32 WG0 threads that write rescale factors, once per tile
     if constexpr (kPipe) {
@@ -816,10 +900,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     // ================= WG0: S, online softmax =================
     setmaxnreg_inc<Cfg::kRegsS>();
     const int r_lo = accumulator_row();
-    constexpr int kQSmemLatent = Cfg::kQSmemLatent;
+    uint32_t qa[Cfg::kQRegSteps][4];
+#ifndef VA_Q_FRAGMENT_LOADS
+    {
+      // Q staged at entry for one request; again here if its guessed rows are not the item's (a
+      // call whose indptrs disagree with q's extent), and here for batches (kernel/NOTES.md, v60).
+      int64_t row_base = -1;
+      int valid_rows = -1;
+      const bool guessed = guess_q_rows(p, item, kM, row_base, valid_rows);
+      if (!guessed || row_base != w.q_row_base || valid_rows != w.valid_rows) {
+        cp_async_wait<0>();  // the guessed rows' copies, before the same bytes are written again
+        stage_q<Cfg>(p, base, w.q_row_base, w.valid_rows, tid);
+      }
+    }
+    cp_async_wait<0>();
+    fence_proxy_async();
+    named_bar_sync(kBarS, 128);  // all of WG0's rows of Q in shared memory landed
+    ldmatrix_q_fragments<Cfg>(qa, base, warp, lane);
+    mbar_arrive(bar_q_read);  // KV stages 1.. free for tiles 1..
+#else
     {
       // Q's chunks 8 - kQSmemLatent .. 8 (the RoPE dims last) into shared memory: two threads per
       // row, 4 of each chunk's 8 units each.
+      constexpr int kQSmemLatent = Cfg::kQSmemLatent;
       const int r = tid / 2, sub = tid % 2;
       const bool ok = r < w.valid_rows;
       const __nv_bfloat16* src = p.q + (ok ? (w.q_row_base + r) * kQKDim + (8 - kQSmemLatent) * 64 : 0);
@@ -832,11 +935,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         }
       cp_async_commit();
     }
-    uint32_t qa[Cfg::kQRegSteps][4];
     load_q_fragments(qa, p.q, w, r_lo, lane);
     cp_async_wait<0>();
     fence_proxy_async();
     named_bar_sync(kBarS, 128);  // all of WG0's rows of Q in shared memory landed
+#endif
     // Running max in registers; each thread's partial row sums (its 8 keys of a tile, quad-summed
     // at the end) in shared memory: the two registers are what the masked path needs next to Q.
     float m_lo = -INFINITY, m_hi = -INFINITY;
@@ -1067,6 +1170,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     for (int j = 0; j < 32; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     if constexpr (kPipe) {
       mbar_wait(bar_full, 0);
+#ifndef VA_Q_FRAGMENT_LOADS
+      mbar_wait(bar_q_read, 0);  // Q's staging rows read (kernel/NOTES.md, v60)
+#endif
 #pragma unroll 1
       for (int t = 1; t < kStages && t < num_tiles; ++t) {
         load_tile(fetch_slots(t), t);
@@ -1076,6 +1182,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       cp_async_wait<0>();
       fence_proxy_async();
       named_bar_arrive(kBarFull + 0, kThreads);
+#ifndef VA_Q_FRAGMENT_LOADS
+      mbar_wait(bar_q_read, 0);  // Q's staging rows read (kernel/NOTES.md, v60)
+#endif
 #pragma unroll 1
       for (int t = 1; t < kStages; ++t) {
         if (t < num_tiles) load_tile(fetch_slots(t), t);
