@@ -771,27 +771,29 @@ struct QStaging {
   static constexpr int kOff = Cfg::kKVOff + Cfg::kTileBytes;  // KV stage 1 (tile 0's stage is gathered meanwhile)
   static_assert(Cfg::kM * kPitch <= (Cfg::kStages - 1) * Cfg::kTileBytes, "staging rows fit in KV stages 1..");
 };
-template <class Cfg>
+template <class Cfg, int kIssuers = 128>
 __device__ __forceinline__ void stage_q(const Params& p, uint32_t base, int64_t q_row_base, int valid_rows, int t) {
   using S = QStaging<Cfg>;
   const uint32_t stage = base + S::kOff;
-  for (int i = t; i < Cfg::kM * S::kUnits; i += 128) {
+  for (int i = t; i < Cfg::kM * S::kUnits; i += kIssuers) {
     const int r = i / S::kUnits, u = i % S::kUnits;
     const bool ok = r < valid_rows;
     cp_async_16_shared(stage + r * S::kPitch + u * 16, p.q + (ok ? (q_row_base + r) * kQKDim + u * 8 : 0), ok);
   }
   constexpr int kQSmemLatent = Cfg::kQSmemLatent;
   const uint32_t sQs = base + Cfg::kQSmemOff;
-  const int r = t / 2, sub = t % 2;
-  const bool ok = r < valid_rows;
-  const __nv_bfloat16* src = p.q + (ok ? (q_row_base + r) * kQKDim + (8 - kQSmemLatent) * 64 : 0);
+  for (int x = t; x < 2 * Cfg::kM; x += kIssuers) {
+    const int r = x / 2, sub = x % 2;
+    const bool ok = r < valid_rows;
+    const __nv_bfloat16* src = p.q + (ok ? (q_row_base + r) * kQKDim + (8 - kQSmemLatent) * 64 : 0);
 #pragma unroll
-  for (int i = 0; i <= kQSmemLatent; ++i)
+    for (int i = 0; i <= kQSmemLatent; ++i)
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int u = sub + 2 * k;
-      cp_async_16_shared(sQs + i * 64 * 128 + r * 128 + ((u ^ (r & 7)) << 4), src + i * 64 + u * 8, ok);
-    }
+      for (int k = 0; k < 4; ++k) {
+        const int u = sub + 2 * k;
+        cp_async_16_shared(sQs + i * 64 * 128 + r * 128 + ((u ^ (r & 7)) << 4), src + i * 64 + u * 8, ok);
+      }
+  }
   cp_async_commit();
 }
 // WG0's A fragments of Q's register dims from the staging rows: one ldmatrix.x4 a k-step and warp
@@ -841,17 +843,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   extern __shared__ __align__(16) unsigned char smem_raw[];  // aligned to 1024 B below
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
-#ifndef VA_Q_FRAGMENT_LOADS
-  // One request: Q's copies before the plan (kernel/NOTES.md, v60).
-  if (threadIdx.x < 128) {
+#if defined(VA_Q_EARLY) && !defined(VA_Q_FRAGMENT_LOADS)
+  // One request: Q's copies before the plan, by WG0's warps 1-3 (warp 0 plans meanwhile).
+  if (threadIdx.x >= 32 && threadIdx.x < 128) {
     int64_t row_base;
     int valid_rows;
-    if (guess_q_rows(p, item, Cfg::kM, row_base, valid_rows)) stage_q<Cfg>(p, base, row_base, valid_rows, threadIdx.x);
+    if (guess_q_rows(p, item, Cfg::kM, row_base, valid_rows))
+      stage_q<Cfg, 96>(p, base, row_base, valid_rows, threadIdx.x - 32);
   }
 #endif
   plan_block<Cfg>(p, item, &s_plan);
   if (item >= s_plan.num_items) {
-#ifndef VA_Q_FRAGMENT_LOADS
+#if defined(VA_Q_EARLY) && !defined(VA_Q_FRAGMENT_LOADS)
     cp_async_wait<0>();  // the copies above land before the CTA ends
 #endif
     return;
@@ -902,9 +905,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     const int r_lo = accumulator_row();
     uint32_t qa[Cfg::kQRegSteps][4];
 #ifndef VA_Q_FRAGMENT_LOADS
+#ifdef VA_Q_EARLY
     {
       // Q staged at entry for one request; again here if its guessed rows are not the item's (a
-      // call whose indptrs disagree with q's extent), and here for batches (kernel/NOTES.md, v60).
+      // call whose indptrs disagree with q's extent), and here for batches.
       int64_t row_base = -1;
       int valid_rows = -1;
       const bool guessed = guess_q_rows(p, item, kM, row_base, valid_rows);
@@ -913,6 +917,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         stage_q<Cfg>(p, base, w.q_row_base, w.valid_rows, tid);
       }
     }
+#else
+    // Q staged once the item is decoded, never ahead of the plan (kernel/NOTES.md, v60-v61).
+    stage_q<Cfg>(p, base, w.q_row_base, w.valid_rows, tid);
+#endif
     cp_async_wait<0>();
     fence_proxy_async();
     named_bar_sync(kBarS, 128);  // all of WG0's rows of Q in shared memory landed
