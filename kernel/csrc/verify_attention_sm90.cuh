@@ -840,26 +840,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   // the plan's entries, which the few-row combine reads before its griddepcontrol.wait.
   if (item != 0) allow_dependent_launch();
   entry_prefetch(p);
-  extern __shared__ __align__(16) unsigned char smem_raw[];  // aligned to 1024 B below
-  const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t base = (raw + 1023u) & ~1023u;
-#if defined(VA_Q_EARLY) && !defined(VA_Q_FRAGMENT_LOADS)
-  // One request: Q's copies before the plan, by WG0's warps 1-3 (warp 0 plans meanwhile).
-  if (threadIdx.x >= 32 && threadIdx.x < 128) {
+#ifndef VA_Q_FRAGMENT_LOADS
+  // One request on v41's loop (the few-row calls): Q's copies go out at entry, by WG0's warps 1-3
+  // while warp 0 plans; WG0 checks the guessed rows after decode (kernel/NOTES.md, v60-v62). The
+  // pipelined config keeps its fragment loads: its calls' starts are a small part of them, and its
+  // tile loop's machine code moves with the Q path.
+  if (!Cfg::kPipeQK && threadIdx.x >= 32 && threadIdx.x < 128) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
     int64_t row_base;
     int valid_rows;
     if (guess_q_rows(p, item, Cfg::kM, row_base, valid_rows))
-      stage_q<Cfg, 96>(p, base, row_base, valid_rows, threadIdx.x - 32);
+      stage_q<Cfg, 96>(p, (smem_addr(smem_raw) + 1023u) & ~1023u, row_base, valid_rows, threadIdx.x - 32);
   }
 #endif
   plan_block<Cfg>(p, item, &s_plan);
   if (item >= s_plan.num_items) {
-#if defined(VA_Q_EARLY) && !defined(VA_Q_FRAGMENT_LOADS)
-    cp_async_wait<0>();  // the copies above land before the CTA ends
+#ifndef VA_Q_FRAGMENT_LOADS
+    if (!Cfg::kPipeQK) cp_async_wait<0>();  // the copies above land before the CTA ends
 #endif
     return;
   }
 
+  extern __shared__ __align__(16) unsigned char smem_raw[];  // aligned to 1024 B below
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
   const uint32_t sKV = base + Cfg::kKVOff, sP = base + Cfg::kPOff, sQs = base + Cfg::kQSmemOff;
   float* sAlpha = reinterpret_cast<float*>(smem_raw + (base - raw) + Cfg::kAlphaOff);
   float* sStat = reinterpret_cast<float*>(smem_raw + (base - raw) + Cfg::kStatOff);
@@ -878,12 +882,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   __shared__ __align__(8) uint64_t s_bar_pv_done[kPipe ? kPBufs : 1];
   __shared__ __align__(8) uint64_t s_bar_full[kPipe ? kStages : 1];
   const uint32_t bar_pv_done = smem_addr(s_bar_pv_done), bar_full = smem_addr(s_bar_full);
-  // WG0 has read its fragments out of the staging rows in KV stages 1.. (WG0 -> WG1/WG2, once).
-  __shared__ __align__(8) uint64_t s_bar_q_read;
-  const uint32_t bar_q_read = smem_addr(&s_bar_q_read);
+#ifndef VA_Q_FRAGMENT_LOADS
+  // v41's loop only: WG0 has read its fragments out of the staging rows in KV stages 1.. (WG0 ->
+  // WG1/WG2, once), in the mbarrier that loop leaves unused.
+  const uint32_t bar_q_read = bar_full;
+#endif
   if (tid == 0) {
     s_item = decode_item<kM>(p, s_plan, item);
-    mbar_init(bar_q_read, 128);
+#ifndef VA_Q_FRAGMENT_LOADS
+    if constexpr (!kPipe) mbar_init(bar_q_read, 128);
+#endif
 #pragma unroll
     for (int b = 0; b < kPBufs; ++b) mbar_init(bar_p_ready + 8 * b, 32);  // the 32 WG0 threads that write rescale factors, once per tile
     if constexpr (kPipe) {
@@ -905,49 +913,49 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     const int r_lo = accumulator_row();
     uint32_t qa[Cfg::kQRegSteps][4];
 #ifndef VA_Q_FRAGMENT_LOADS
-#ifdef VA_Q_EARLY
-    {
-      // Q staged at entry for one request; again here if its guessed rows are not the item's (a
-      // call whose indptrs disagree with q's extent), and here for batches.
-      int64_t row_base = -1;
-      int valid_rows = -1;
-      const bool guessed = guess_q_rows(p, item, kM, row_base, valid_rows);
-      if (!guessed || row_base != w.q_row_base || valid_rows != w.valid_rows) {
+    // One request: Q was staged at entry (again here if its guessed rows are not the item's, a call
+    // whose indptrs disagree with q's extent); WG0 reads its fragments with ldmatrix and frees the
+    // staging rows for tiles 1... Batches load the fragments directly, below: their rows are known
+    // only now, and staging them here would hold tiles 1.. back (kernel/NOTES.md, v61).
+    int64_t row_base = -1;
+    int valid_rows = -1;
+    if (!kPipe && guess_q_rows(p, item, kM, row_base, valid_rows)) {
+      if (row_base != w.q_row_base || valid_rows != w.valid_rows) {
         cp_async_wait<0>();  // the guessed rows' copies, before the same bytes are written again
         stage_q<Cfg>(p, base, w.q_row_base, w.valid_rows, tid);
       }
-    }
-#else
-    // Q staged once the item is decoded, never ahead of the plan (kernel/NOTES.md, v60-v61).
-    stage_q<Cfg>(p, base, w.q_row_base, w.valid_rows, tid);
+      cp_async_wait<0>();
+      fence_proxy_async();
+      named_bar_sync(kBarS, 128);  // all of WG0's rows of Q in shared memory landed
+      ldmatrix_q_fragments<Cfg>(qa, base, warp, lane);
+      mbar_arrive(bar_q_read);  // KV stages 1.. free for tiles 1..
+    } else
 #endif
-    cp_async_wait<0>();
-    fence_proxy_async();
-    named_bar_sync(kBarS, 128);  // all of WG0's rows of Q in shared memory landed
-    ldmatrix_q_fragments<Cfg>(qa, base, warp, lane);
-    mbar_arrive(bar_q_read);  // KV stages 1.. free for tiles 1..
-#else
     {
-      // Q's chunks 8 - kQSmemLatent .. 8 (the RoPE dims last) into shared memory: two threads per
-      // row, 4 of each chunk's 8 units each.
-      constexpr int kQSmemLatent = Cfg::kQSmemLatent;
-      const int r = tid / 2, sub = tid % 2;
-      const bool ok = r < w.valid_rows;
-      const __nv_bfloat16* src = p.q + (ok ? (w.q_row_base + r) * kQKDim + (8 - kQSmemLatent) * 64 : 0);
-#pragma unroll
-      for (int i = 0; i <= kQSmemLatent; ++i)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int u = sub + 2 * k;
-          cp_async_16_shared(sQs + i * 64 * 128 + r * 128 + ((u ^ (r & 7)) << 4), src + i * 64 + u * 8, ok);
-        }
-      cp_async_commit();
-    }
-    load_q_fragments(qa, p.q, w, r_lo, lane);
-    cp_async_wait<0>();
-    fence_proxy_async();
-    named_bar_sync(kBarS, 128);  // all of WG0's rows of Q in shared memory landed
+#ifndef VA_Q_FRAGMENT_LOADS
+      if constexpr (!kPipe) mbar_arrive(bar_q_read);  // nothing staged in KV stages 1..
 #endif
+      {
+        // Q's chunks 8 - kQSmemLatent .. 8 (the RoPE dims last) into shared memory: two threads per
+        // row, 4 of each chunk's 8 units each.
+        constexpr int kQSmemLatent = Cfg::kQSmemLatent;
+        const int r = tid / 2, sub = tid % 2;
+        const bool ok = r < w.valid_rows;
+        const __nv_bfloat16* src = p.q + (ok ? (w.q_row_base + r) * kQKDim + (8 - kQSmemLatent) * 64 : 0);
+#pragma unroll
+        for (int i = 0; i <= kQSmemLatent; ++i)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int u = sub + 2 * k;
+            cp_async_16_shared(sQs + i * 64 * 128 + r * 128 + ((u ^ (r & 7)) << 4), src + i * 64 + u * 8, ok);
+          }
+        cp_async_commit();
+      }
+      load_q_fragments(qa, p.q, w, r_lo, lane);
+      cp_async_wait<0>();
+      fence_proxy_async();
+      named_bar_sync(kBarS, 128);  // all of WG0's rows of Q in shared memory landed
+    }
     // Running max in registers; each thread's partial row sums (its 8 keys of a tile, quad-summed
     // at the end) in shared memory: the two registers are what the masked path needs next to Q.
     float m_lo = -INFINITY, m_hi = -INFINITY;
@@ -1178,9 +1186,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     for (int j = 0; j < 32; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     if constexpr (kPipe) {
       mbar_wait(bar_full, 0);
-#ifndef VA_Q_FRAGMENT_LOADS
-      mbar_wait(bar_q_read, 0);  // Q's staging rows read (kernel/NOTES.md, v60)
-#endif
 #pragma unroll 1
       for (int t = 1; t < kStages && t < num_tiles; ++t) {
         load_tile(fetch_slots(t), t);
