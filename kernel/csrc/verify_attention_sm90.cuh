@@ -921,7 +921,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     int valid_rows = -1;
     if (!kPipe && guess_q_rows(p, item, kM, row_base, valid_rows)) {
       if (row_base != w.q_row_base || valid_rows != w.valid_rows) {
-        cp_async_wait<0>();  // the guessed rows' copies, before the same bytes are written again
+        // Every thread's copies of the guessed rows land before any thread writes those bytes
+        // again (another thread's, as the copies are dealt out differently).
+        cp_async_wait<0>();
+        named_bar_sync(kBarS, 128);
         stage_q<Cfg>(p, base, w.q_row_base, w.valid_rows, tid);
       }
       cp_async_wait<0>();
