@@ -462,7 +462,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 //                 rescale factors arrive, each after its warp's __syncwarp (kernel/NOTES.md, v12:
 //                 racecheck clean, where a named barrier here was not)
 //   kBarPVDone    both halves of PV done with P (WG1/WG2 -> WG0, before it overwrites P)
-//   kBarS         WG0's own 128 threads: Q's rows in shared memory landed (once)
+//   kBarS         WG0's own 128 threads: Q's rows in shared memory landed (once; before that
+//                 also when a single request's guessed rows of Q are staged again, v62)
 //   kBarEpilogue  WG1 + WG2: the split partial's staging (store_partial_half)
 // Config "wgmma-ws-pipe" (kPipeQK, v52's loop): WG0 holds only Q's latent dims 0-319 in
 // registers (dims 320-575 in shared memory), which frees the registers of a second S accumulator
@@ -754,8 +755,8 @@ __device__ __forceinline__ void entry_prefetch(const Params& p) {
   if (threadIdx.x == 0) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p.tree_mask_indptr));
 }
 
-// Q of a row tile into shared memory by WG0's 128 threads (t = 0..127), issued and committed, not
-// waited for (kernel/NOTES.md, v60):
+// Q of a row tile into shared memory by kIssuers of WG0's threads (t = 0 .. kIssuers - 1), issued
+// and committed, not waited for (kernel/NOTES.md, v60-v62):
 // - the dims WG0 holds in registers (the first kQRegSteps k-steps) into staging rows in KV stages
 //   1.., 16-byte units a row in order, so that a warp instruction reads 512 contiguous bytes of
 //   one row; a row's pitch is an odd number of 16-byte units, so that ldmatrix's 8 rows fall in 8
@@ -915,8 +916,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
 #ifndef VA_Q_FRAGMENT_LOADS
     // One request: Q was staged at entry (again here if its guessed rows are not the item's, a call
     // whose indptrs disagree with q's extent); WG0 reads its fragments with ldmatrix and frees the
-    // staging rows for tiles 1... Batches load the fragments directly, below: their rows are known
-    // only now, and staging them here would hold tiles 1.. back (kernel/NOTES.md, v61).
+    // staging rows for tiles 1 and up. Batches load the fragments directly, below: their rows are
+    // known only now, and staging them here would hold tiles 1 and up back (kernel/NOTES.md, v61).
     int64_t row_base = -1;
     int valid_rows = -1;
     if (!kPipe && guess_q_rows(p, item, kM, row_base, valid_rows)) {
