@@ -772,6 +772,23 @@ struct QStaging {
   static constexpr int kOff = Cfg::kKVOff + Cfg::kTileBytes;  // KV stage 1 (tile 0's stage is gathered meanwhile)
   static_assert(Cfg::kM * kPitch <= (Cfg::kStages - 1) * Cfg::kTileBytes, "staging rows fit in KV stages 1..");
 };
+// Q's chunks 8 - kQSmemLatent .. 8 (the RoPE dims last) of row-tile slot x / 2 into their swizzled
+// place at sQs (the SS k-steps' operand): half x % 2 of each chunk's 8 units; not committed.
+template <class Cfg>
+__device__ __forceinline__ void copy_q_smem_dims(const Params& p, uint32_t sQs, int64_t q_row_base, int valid_rows,
+                                                 int x) {
+  constexpr int kQSmemLatent = Cfg::kQSmemLatent;
+  const int r = x / 2, sub = x % 2;
+  const bool ok = r < valid_rows;
+  const __nv_bfloat16* src = p.q + (ok ? (q_row_base + r) * kQKDim + (8 - kQSmemLatent) * 64 : 0);
+#pragma unroll
+  for (int i = 0; i <= kQSmemLatent; ++i)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int u = sub + 2 * k;
+      cp_async_16_shared(sQs + i * 64 * 128 + r * 128 + ((u ^ (r & 7)) << 4), src + i * 64 + u * 8, ok);
+    }
+}
 template <class Cfg, int kIssuers = 128>
 __device__ __forceinline__ void stage_q(const Params& p, uint32_t base, int64_t q_row_base, int valid_rows, int t) {
   using S = QStaging<Cfg>;
@@ -781,20 +798,7 @@ __device__ __forceinline__ void stage_q(const Params& p, uint32_t base, int64_t 
     const bool ok = r < valid_rows;
     cp_async_16_shared(stage + r * S::kPitch + u * 16, p.q + (ok ? (q_row_base + r) * kQKDim + u * 8 : 0), ok);
   }
-  constexpr int kQSmemLatent = Cfg::kQSmemLatent;
-  const uint32_t sQs = base + Cfg::kQSmemOff;
-  for (int x = t; x < 2 * Cfg::kM; x += kIssuers) {
-    const int r = x / 2, sub = x % 2;
-    const bool ok = r < valid_rows;
-    const __nv_bfloat16* src = p.q + (ok ? (q_row_base + r) * kQKDim + (8 - kQSmemLatent) * 64 : 0);
-#pragma unroll
-    for (int i = 0; i <= kQSmemLatent; ++i)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int u = sub + 2 * k;
-        cp_async_16_shared(sQs + i * 64 * 128 + r * 128 + ((u ^ (r & 7)) << 4), src + i * 64 + u * 8, ok);
-      }
-  }
+  for (int x = t; x < 2 * Cfg::kM; x += kIssuers) copy_q_smem_dims<Cfg>(p, base + Cfg::kQSmemOff, q_row_base, valid_rows, x);
   cp_async_commit();
 }
 // WG0's A fragments of Q's register dims from the staging rows: one ldmatrix.x4 a k-step and warp
@@ -939,22 +943,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
 #ifndef VA_Q_FRAGMENT_LOADS
       if constexpr (!kPipe) mbar_arrive(bar_q_read);  // nothing staged in KV stages 1..
 #endif
-      {
-        // Q's chunks 8 - kQSmemLatent .. 8 (the RoPE dims last) into shared memory: two threads per
-        // row, 4 of each chunk's 8 units each.
-        constexpr int kQSmemLatent = Cfg::kQSmemLatent;
-        const int r = tid / 2, sub = tid % 2;
-        const bool ok = r < w.valid_rows;
-        const __nv_bfloat16* src = p.q + (ok ? (w.q_row_base + r) * kQKDim + (8 - kQSmemLatent) * 64 : 0);
-#pragma unroll
-        for (int i = 0; i <= kQSmemLatent; ++i)
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const int u = sub + 2 * k;
-            cp_async_16_shared(sQs + i * 64 * 128 + r * 128 + ((u ^ (r & 7)) << 4), src + i * 64 + u * 8, ok);
-          }
-        cp_async_commit();
-      }
+      copy_q_smem_dims<Cfg>(p, sQs, w.q_row_base, w.valid_rows, tid);  // two threads a row
+      cp_async_commit();
       load_q_fragments(qa, p.q, w, r_lo, lane);
       cp_async_wait<0>();
       fence_proxy_async();
