@@ -281,6 +281,10 @@ __device__ __forceinline__ void pv_tile(float (&o)[32][4], uint32_t sP, uint32_t
   pv_tile_wait(o);
 }
 
+// The dynamic shared memory's first 1024-byte boundary (the 128-byte swizzle's atoms are 1024 B;
+// the configs' kSmemBytes leave 1024 B of slack for it).
+__device__ __forceinline__ uint32_t smem_base_1024(const void* smem_raw) { return (smem_addr(smem_raw) + 1023u) & ~1023u; }
+
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kernel(Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -296,7 +300,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 
   extern __shared__ __align__(16) unsigned char smem_raw[];  // aligned to 1024 B below
   const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint32_t base = smem_base_1024(smem_raw);
   const uint32_t sQ = base + Cfg::kQOff, sKV = base + Cfg::kKVOff, sP = base + Cfg::kPOff;
   float* sRed = reinterpret_cast<float*>(smem_raw + (base - raw) + Cfg::kRedOff);
 
@@ -855,7 +859,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     int64_t row_base;
     int valid_rows;
     if (guess_q_rows(p, item, Cfg::kM, row_base, valid_rows))
-      stage_q<Cfg, 96>(p, (smem_addr(smem_raw) + 1023u) & ~1023u, row_base, valid_rows, threadIdx.x - 32);
+      stage_q<Cfg, 96>(p, smem_base_1024(smem_raw), row_base, valid_rows, threadIdx.x - 32);
   }
 #endif
   plan_block<Cfg>(p, item, &s_plan);
@@ -868,7 +872,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
 
   extern __shared__ __align__(16) unsigned char smem_raw[];  // aligned to 1024 B below
   const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint32_t base = smem_base_1024(smem_raw);
   const uint32_t sKV = base + Cfg::kKVOff, sP = base + Cfg::kPOff, sQs = base + Cfg::kQSmemOff;
   float* sAlpha = reinterpret_cast<float*>(smem_raw + (base - raw) + Cfg::kAlphaOff);
   float* sStat = reinterpret_cast<float*>(smem_raw + (base - raw) + Cfg::kStatOff);
