@@ -482,11 +482,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 // each role takes its accumulator rows from %tid.x, and the gather addresses its chunks at
 // constant offsets.
 // ---------------------------------------------------------------------------------------------
-#if defined(VA_Q_FRAGMENT_LOADS) || defined(VA_Q_IN_STAGES_1_2)
-#define Q_STAGED_FROM_STAGE_2 0
-#else
-#define Q_STAGED_FROM_STAGE_2 1
-#endif
 template <int kBlockN_, int kStages_, bool kPipeQK_>
 struct ConfigWgmmaWsT {
   static constexpr int kM = 64;
@@ -503,16 +498,7 @@ struct ConfigWgmmaWsT {
   static constexpr int kChunks = kQKDim / 64;
   static constexpr int kTileBytes = kChunks * kChunkBytes;    // 36 KB (32 keys) or 54 KB (48) per stage
   static constexpr int kKVOff = 0;
-  // v41's loop stages a single request's Q (its register dims, kM rows of kQRegSteps * 32 + 16 B)
-  // at entry from KV stage kQStagingStage on, so that tiles 1 .. kQStagingStage - 1 go out with
-  // tile 0; with 48-key tiles the rows run 12.5 KB past the last stage, and what follows moves up
-  // (kernel/NOTES.md, v63). VA_Q_IN_STAGES_1_2 builds v62's stages 1-2 (no tile beside tile 0).
-  static constexpr int kQStagingStage = Q_STAGED_FROM_STAGE_2 ? 2 : 1;
-  static constexpr int kQStagingOff = kKVOff + kQStagingStage * kTileBytes;
-  static constexpr int kQStagingEnd = kQStagingOff + kM * (kQRegSteps * 32 + 16);
-  static constexpr int kKVEnd = kKVOff + kStages * kTileBytes;
-  // Q's chunks 8 - kQSmemLatent .. 8: 64 rows x 128 B each, swizzled (whole 1024-byte atoms)
-  static constexpr int kQSmemOff = !kPipeQK && kQStagingEnd > kKVEnd ? (kQStagingEnd + 1023) / 1024 * 1024 : kKVEnd;
+  static constexpr int kQSmemOff = kStages * kTileBytes;      // Q's chunks 8 - kQSmemLatent .. 8: 64 rows x 128 B each, swizzled
   static constexpr int kPOff = kQSmemOff + (kQSmemLatent + 1) * 64 * 128;  // P: 64 rows x 64 keys (kBlockN used), swizzled
   static constexpr int kPBufs = kPipeQK ? 2 : 1;              // P buffers (and rescale factors), used in turn
   static constexpr int kAlphaOff = kPOff + kPBufs * 64 * 128; // [kPBufs][64] rescale factor per row
@@ -775,11 +761,11 @@ __device__ __forceinline__ void entry_prefetch(const Params& p) {
 
 // Q of a row tile into shared memory by kIssuers of WG0's threads (t = 0 .. kIssuers - 1), issued
 // and committed, not waited for (kernel/NOTES.md, v60-v62):
-// - the dims WG0 holds in registers (the first kQRegSteps k-steps) into staging rows from KV stage
-//   Cfg::kQStagingStage on, 16-byte units a row in order, so that a warp instruction reads 512
-//   contiguous bytes of one row; a row's pitch is an odd number of 16-byte units, so that
-//   ldmatrix's 8 rows fall in 8 different bank groups; the stages are free until WG1/WG2 gather
-//   tiles kQStagingStage.. there, which they do only once WG0 has read its fragments (bar_q_read);
+// - the dims WG0 holds in registers (the first kQRegSteps k-steps) into staging rows in KV stages
+//   1.., 16-byte units a row in order, so that a warp instruction reads 512 contiguous bytes of
+//   one row; a row's pitch is an odd number of 16-byte units, so that ldmatrix's 8 rows fall in 8
+//   different bank groups; the stages are free until WG1/WG2 gather tiles 1.. there, which they
+//   do only once WG0 has read its fragments (bar_q_read);
 // - the dims read by SS k-steps (chunks 8 - kQSmemLatent .. 8, the RoPE dims last) into their
 //   swizzled place at sQs, two threads a row.
 // Padding rows (>= valid_rows) are zero-filled: their results are dropped.
@@ -787,10 +773,8 @@ template <class Cfg>
 struct QStaging {
   static constexpr int kUnits = Cfg::kQRegSteps * 2;          // 16-byte units of a row's register dims
   static constexpr int kPitch = Cfg::kQRegSteps * 32 + 16;    // bytes a staging row
-  static constexpr int kOff = Cfg::kQStagingOff;  // KV stage kQStagingStage (tiles 0 .. kQStagingStage - 1 are gathered meanwhile)
-  static_assert(Cfg::kM * kPitch == Cfg::kQStagingEnd - Cfg::kQStagingOff, "the config's staging rows");
-  static_assert(Cfg::kQStagingEnd <= Cfg::kQSmemOff && Cfg::kQStagingStage < Cfg::kStages,
-                "staging rows in KV stages kQStagingStage.. and the space after them");
+  static constexpr int kOff = Cfg::kKVOff + Cfg::kTileBytes;  // KV stage 1 (tile 0's stage is gathered meanwhile)
+  static_assert(Cfg::kM * kPitch <= (Cfg::kStages - 1) * Cfg::kTileBytes, "staging rows fit in KV stages 1..");
 };
 // Q's chunks 8 - kQSmemLatent .. 8 (the RoPE dims last) of row-tile slot x / 2 into their swizzled
 // place at sQs (the SS k-steps' operand): half x % 2 of each chunk's 8 units; not committed.
@@ -1188,17 +1172,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
 #pragma unroll
       for (int k = 0; k < kRowsPer; ++k) load_rows(slots.v[k], k, stage);
     };
-    // Tile 0 first, and in the pipelined loop alone: at the start every SM's L2 -> SM bandwidth is
-    // what limits, so tile 0 (and WG0's Q) land before tiles 1.. are asked for. v41's loop gathers
-    // tiles 1 .. kQStagingStage - 1 right behind it (their slots in flight with tile 0's), since
-    // WG0 holds Q only ~0.5-0.9 us after tile 0 lands (kernel/NOTES.md, v63).
-#if Q_STAGED_FROM_STAGE_2
-    Slots early_slots[kPipe ? 1 : Cfg::kQStagingStage - 1];
-    if constexpr (!kPipe) {
-#pragma unroll
-      for (int t = 1; t < Cfg::kQStagingStage; ++t) early_slots[t - 1] = fetch_slots(t);
-    }
-#endif
+    // Tile 0 alone first: at the start every SM's L2 -> SM bandwidth is what limits, so tile 0
+    // (and WG0's Q) land before tiles 1.. are asked for.
     load_tile(fetch_slots(0), 0);  // num_tiles >= 1
     if constexpr (kPipe)
       cp_async_mbar_arrive(bar_full);
@@ -1215,29 +1190,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         cp_async_mbar_arrive(bar_full + 8 * t);
       }
     } else {
-#if Q_STAGED_FROM_STAGE_2
-      // Tiles 1 .. kQStagingStage - 1 into the stages Q's staging rows leave free, right behind
-      // tile 0, and the slots of the tiles after them while tile 0 lands; those go out once WG0 has
-      // read Q (kernel/NOTES.md, v63). One commit group a tile, as the loop's waits count them.
-      constexpr int kEarly = Cfg::kQStagingStage;
-#pragma unroll
-      for (int t = 1; t < kEarly; ++t) {
-        if (t < num_tiles) load_tile(early_slots[t - 1], t);
-        cp_async_commit();
-      }
-      Slots late_slots[kStages - kEarly];
-#pragma unroll
-      for (int t = kEarly; t < kStages; ++t) late_slots[t - kEarly] = fetch_slots(t);
-      cp_async_wait<kEarly - 1>();  // tile 0
-      fence_proxy_async();
-      named_bar_arrive(kBarFull + 0, kThreads);
-      mbar_wait(bar_q_read, 0);  // Q's staging rows read (kernel/NOTES.md, v60)
-#pragma unroll
-      for (int t = kEarly; t < kStages; ++t) {
-        if (t < num_tiles) load_tile(late_slots[t - kEarly], t);
-        cp_async_commit();
-      }
-#else
       cp_async_wait<0>();
       fence_proxy_async();
       named_bar_arrive(kBarFull + 0, kThreads);
@@ -1249,7 +1201,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         if (t < num_tiles) load_tile(fetch_slots(t), t);
         cp_async_commit();
       }
-#endif
     }
     for (int tile = 0; tile < num_tiles; ++tile) {
       const auto next_slots = fetch_slots(tile + kStages);  // consumed under this tile's PV
