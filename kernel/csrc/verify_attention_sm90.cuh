@@ -482,12 +482,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 // each role takes its accumulator rows from %tid.x, and the gather addresses its chunks at
 // constant offsets.
 // ---------------------------------------------------------------------------------------------
-// v64's guessed tile 0 for one request (VA_NO_GUESSED_TILE0 builds v62's start).
-#ifdef VA_NO_GUESSED_TILE0
-#define GUESSED_TILE0 0
-#else
-#define GUESSED_TILE0 1
-#endif
 template <int kBlockN_, int kStages_, bool kPipeQK_>
 struct ConfigWgmmaWsT {
   static constexpr int kM = 64;
@@ -838,49 +832,6 @@ __device__ __forceinline__ bool guess_q_rows(const Params& p, int item, int kM, 
   return true;
 }
 
-// A single request's key range for this CTA's item as the plan will give it: plan_warp's arithmetic
-// for one request whose indptrs span q's rows and kv_indices ([0, num_q_rows / H] and [0,
-// num_kv_indices]), so that tile 0 can be gathered before the plan. The gathering threads check it
-// against the decoded work item (kernel/NOTES.md, v64). False for batches, or where the item would
-// have no keys.
-template <class Cfg>
-__device__ __forceinline__ bool guess_kv_split(const Params& p, int item, int& kv_begin, int& kv_end) {
-  if (p.batch != 1 || p.num_q_rows <= 0 || p.num_kv_indices <= 0) return false;
-  const int len = p.num_kv_indices, tiles_m = ceil_div(p.num_q_rows, Cfg::kM);
-  int lo, hi;
-  split_bracket<Cfg>(p, len, tiles_m, static_cast<long long>(len) * tiles_m, lo, hi);
-  while (lo < hi) {
-    const int mid = (lo + hi) >> 1;
-    if (ceil_div(len, mid * Cfg::kBlockN) * tiles_m <= p.max_partials) hi = mid; else lo = mid + 1;
-  }
-  const int L = lo * Cfg::kBlockN;
-  if (item >= ceil_div(len, L) * tiles_m) return false;
-  kv_begin = item / tiles_m * L;
-  kv_end = min(kv_begin + L, len);
-  return true;
-}
-// Rows ld_row + 16 k (k < kBN / 16) of the tile of keys [t0, kv_end) into stage dst, eight threads a
-// row: the gathering warpgroups' share of one tile (their loop's load_tile, for one thread). Rows
-// past kv_end, and slots outside the pool, are zero-filled (never read).
-template <class Cfg>
-__device__ __forceinline__ void gather_tile_rows(const Params& p, uint32_t dst, int t0, int kv_end, int ptid, int half,
-                                                 uint64_t kv_policy) {
-  constexpr int kRowsPer = Cfg::kBlockN / 16;
-  const int ld_row = ptid / 8, ld_u = ptid % 8;
-  int slot[kRowsPer];
-#pragma unroll
-  for (int k = 0; k < kRowsPer; ++k) {
-    const int pos = t0 + ld_row + 16 * k;
-    slot[k] = pos < kv_end ? __ldg(p.kv_indices + pos) : -1;
-  }
-#pragma unroll
-  for (int k = 0; k < kRowsPer; ++k) {
-    const bool ok = slot[k] >= 0 && slot[k] < p.num_slots;
-    const __nv_bfloat16* src = p.kv + (ok ? static_cast<int64_t>(slot[k]) * kQKDim : 0);
-    copy_row_line<Cfg::kChunkBytes>(dst, ld_row + 16 * k, ld_u, half, src, ok, kv_policy);
-  }
-}
-
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_kernel(Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -911,21 +862,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       stage_q<Cfg, 96>(p, smem_base_1024(smem_raw), row_base, valid_rows, threadIdx.x - 32);
   }
 #endif
-#if GUESSED_TILE0
-  // One request on v41's loop: WG1/WG2 gather tile 0 of the guessed split at entry, beside the plan
-  // and Q's copies, and check the guess after decode (kernel/NOTES.md, v64).
-  int guess_begin = -1, guess_end = -1;
-  if (!Cfg::kPipeQK && threadIdx.x >= 128 && guess_kv_split<Cfg>(p, item, guess_begin, guess_end)) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    const int wg_ = threadIdx.x / 128;
-    gather_tile_rows<Cfg>(p, smem_base_1024(smem_raw) + Cfg::kKVOff, guess_begin, guess_end, threadIdx.x - 128 * wg_,
-                          wg_ - 1, l2_evict_first_policy());
-    cp_async_commit();
-  }
-#endif
   plan_block<Cfg>(p, item, &s_plan);
   if (item >= s_plan.num_items) {
-#if !defined(VA_Q_FRAGMENT_LOADS) || GUESSED_TILE0
+#ifndef VA_Q_FRAGMENT_LOADS
     if (!Cfg::kPipeQK) cp_async_wait<0>();  // the copies above land before the CTA ends
 #endif
     return;
@@ -1235,16 +1174,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     };
     // Tile 0 alone first: at the start every SM's L2 -> SM bandwidth is what limits, so tile 0
     // (and WG0's Q) land before tiles 1.. are asked for.
-#if GUESSED_TILE0
-    // Gathered at entry if the guessed split is the item's; else gathered now, once this thread's
-    // guessed copies have landed (they wrote the same bytes this thread writes again).
-    if (kPipe || guess_begin != w.kv_begin || guess_end != w.kv_end) {
-      if (!kPipe && guess_begin >= 0) cp_async_wait<0>();
-      load_tile(fetch_slots(0), 0);  // num_tiles >= 1
-    }
-#else
     load_tile(fetch_slots(0), 0);  // num_tiles >= 1
-#endif
     if constexpr (kPipe)
       cp_async_mbar_arrive(bar_full);
     else
