@@ -482,12 +482,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 // each role takes its accumulator rows from %tid.x, and the gather addresses its chunks at
 // constant offsets.
 // ---------------------------------------------------------------------------------------------
-// v66's release of Q's staging rows at tile 0 (VA_Q_READ_AT_LDMATRIX builds v62's, after ldmatrix).
-#if defined(VA_Q_READ_AT_LDMATRIX) || defined(VA_Q_FRAGMENT_LOADS)
-#define Q_READ_AT_QK0 0
-#else
-#define Q_READ_AT_QK0 1
-#endif
 template <int kBlockN_, int kStages_, bool kPipeQK_>
 struct ConfigWgmmaWsT {
   static constexpr int kM = 64;
@@ -934,11 +928,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     // known only now, and staging them here would hold tiles 1 and up back (kernel/NOTES.md, v61).
     int64_t row_base = -1;
     int valid_rows = -1;
-#if Q_READ_AT_QK0
-    // Q's staging rows are released once tile 0 has landed, just before QK 0 is issued: WG0's
-    // steps up to there then run without tiles 1-2's copies in flight (kernel/NOTES.md, v66).
-    bool q_read_pending = false;
-#endif
     if (!kPipe && guess_q_rows(p, item, kM, row_base, valid_rows)) {
       if (row_base != w.q_row_base || valid_rows != w.valid_rows) {
         // Every thread's copies of the guessed rows land before any thread writes those bytes
@@ -951,11 +940,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       fence_proxy_async();
       named_bar_sync(kBarS, 128);  // all of WG0's rows of Q in shared memory landed
       ldmatrix_q_fragments<Cfg>(qa, base, warp, lane);
-#if Q_READ_AT_QK0
-      q_read_pending = true;  // arrived on at tile 0, before QK 0's issue (below)
-#else
       mbar_arrive(bar_q_read);  // KV stages 1.. free for tiles 1..
-#endif
     } else
 #endif
     {
@@ -1142,18 +1127,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     } else {
       for (int tile = 0; tile < num_tiles; ++tile) {
         float s[kNT][4];
-#if Q_READ_AT_QK0
-        // No wgmma of WG0 is in flight at the top of an iteration (each ends in wgmma_wait), so
-        // the arrive's branch costs the QK no wait (kernel/NOTES.md, v65-v66).
-        qk_landed(tile);
-        if (q_read_pending) {
-          mbar_arrive(bar_q_read);  // KV stages 1.. free for tiles 1..
-          q_read_pending = false;
-        }
-        qk_tile_rs_issue<kNT, Cfg::kChunkBytes>(s, qa, sQs, sKV + (tile % kStages) * Cfg::kTileBytes);
-#else
         qk_issue(s, tile);
-#endif
         // The previous tile's PV done with P (this tile's P overwrites it): waited for while QK runs,
         // off WG0's chain (kernel/NOTES.md, v13).
         if (tile > 0) named_bar_sync(kBarPVDone, kThreads);
@@ -1216,31 +1190,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         cp_async_mbar_arrive(bar_full + 8 * t);
       }
     } else {
-#if Q_READ_AT_QK0
-      // Tiles 1.. wait for Q's staging rows; their slots are read meanwhile (kernel/NOTES.md, v66).
-      Slots later[kStages - 1];
-#pragma unroll
-      for (int t = 1; t < kStages; ++t) later[t - 1] = fetch_slots(t);
-#endif
       cp_async_wait<0>();
       fence_proxy_async();
       named_bar_arrive(kBarFull + 0, kThreads);
 #ifndef VA_Q_FRAGMENT_LOADS
       mbar_wait(bar_q_read, 0);  // Q's staging rows read (kernel/NOTES.md, v60)
 #endif
-#if Q_READ_AT_QK0
-#pragma unroll
-      for (int t = 1; t < kStages; ++t) {
-        if (t < num_tiles) load_tile(later[t - 1], t);
-        cp_async_commit();
-      }
-#else
 #pragma unroll 1
       for (int t = 1; t < kStages; ++t) {
         if (t < num_tiles) load_tile(fetch_slots(t), t);
         cp_async_commit();
       }
-#endif
     }
     for (int tile = 0; tile < num_tiles; ++tile) {
       const auto next_slots = fetch_slots(tile + kStages);  // consumed under this tile's PV
