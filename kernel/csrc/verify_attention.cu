@@ -1,5 +1,8 @@
 // Launchers for the verify-attention kernels (torch-free).
+#include <cuda.h>  // CUtensorMap and its encoder's types (the encoder is looked up through the runtime)
+
 #include <atomic>
+#include <cstring>
 
 #include "verify_attention.cuh"
 #include "verify_attention_sm90.cuh"
@@ -51,6 +54,48 @@ cudaError_t launch_combine_wide(cudaLaunchConfig_t lc, const Params& p, int rows
 
 using MainKernel = void (*)(Params);
 
+// The driver's tensor-map encoder, looked up once through the runtime, so that the build links no
+// libcuda of its own; null where the driver has none (then no kernel gets a map).
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiled tensor_map_encoder() {
+  static const EncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();  // not sticky; cleared so that it is not reported by a later call
+      return static_cast<EncodeTiled>(nullptr);
+    }
+    return reinterpret_cast<EncodeTiled>(f);
+  }();
+  return fn;
+}
+
+// q ([rows][576] bf16, 16-byte aligned: the binding checks it) as 64-row x 64-dim boxes with the
+// 128-byte swizzle, so that box (c, row tile) lands as chunk c of the row tile in the kernels'
+// swizzled layout; rows past the end come in as zeros. False where no map can be made.
+bool encode_q_map(const void* q, int rows, uint64_t (&map)[16]) {
+#ifdef VA_Q_CP_ASYNC
+  return false;  // v62's cp.async copies of Q, for an A/B (kernel/NOTES.md, v67)
+#endif
+  const EncodeTiled encode = tensor_map_encoder();
+  if (encode == nullptr || rows <= 0) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kQKDim), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(kQKDim) * 2};  // bytes between rows
+  const cuuint32_t box[2] = {64, 64}, element_strides[2] = {1, 1};
+  CUtensorMap m;
+  static_assert(sizeof(m) == sizeof(map), "a CUtensorMap is 128 bytes");
+  if (encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(q), dims, strides, box, element_strides,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return false;
+  std::memcpy(map, &m, sizeof m);
+  return true;
+}
+
 template <class Cfg>
 cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, MainKernel main_kernel) {
   Params p{};
@@ -82,6 +127,9 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
   p.max_items = plan.max_items;
   p.max_partials = plan.max_partials;
   p.min_split_tiles = (Cfg::kMinSplitKeys + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  if constexpr (kIsWgmmaWs<Cfg>) {
+    if (!Cfg::kPipeQK) p.q_tma = encode_q_map(a.q, p.num_q_rows, p.q_map) ? 1 : 0;
+  }
 
   // Raising the dynamic shared-memory limit is not a stream operation, so it is legal during
   // graph capture. It is a per-device setting: done once per process, config and device.

@@ -156,6 +156,11 @@ struct Params {
   int max_items;                      // grid size of the main kernel
   int max_partials;                   // target items: splitting stops at this many
   int min_split_tiles;                // a split holds at least this many KV tiles
+  // q as a 2-D tensor map (CUtensorMap: [N*H rows][576] bf16, 64 x 64 boxes, 128-byte swizzle)
+  // for the wgmma-ws kernel's bulk tensor copies of a single request's Q (kernel/NOTES.md, v67);
+  // q_tma = 0 when the host could not encode one (that kernel then copies Q by cp.async).
+  int q_tma;
+  alignas(64) uint64_t q_map[16];
 };
 
 // ---------------------------------------------------------------------------------------------

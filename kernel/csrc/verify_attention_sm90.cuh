@@ -504,7 +504,8 @@ struct ConfigWgmmaWsT {
   static constexpr int kAlphaOff = kPOff + kPBufs * 64 * 128; // [kPBufs][64] rescale factor per row
   static constexpr int kStatOff = kAlphaOff + kPBufs * 64 * 4; // [2][64] final row max, row sum
   static constexpr int kSumOff = kStatOff + 2 * 64 * 4;       // [128 threads][2] running partial row sums
-  static constexpr int kSmemUsed = kSumOff + 128 * 2 * 4;
+  static constexpr int kQBarOff = kSumOff + 128 * 2 * 4;      // mbarrier of Q's bulk tensor copies (v67)
+  static constexpr int kSmemUsed = kQBarOff + 8;
   static constexpr int kSmemBytes = kSmemUsed + 1024;         // slack to align the base to 1024 B
   static constexpr int kRegsS = 184, kRegsPV = 160;
   static_assert(kBlockN == 32 || kBlockN == 48, "S tiles of 32 or 48 keys (wgmma n32 / n48, PV k-steps of 16)");
@@ -571,6 +572,19 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 // arrive is one of the count the barrier was initialised with).
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// The arrive that also announces `bytes` of bulk copies still to come (their complete_tx ends the
+// phase), and one bulk tensor copy of a 2-D box at (c0, c1) (innermost coordinate first) of the
+// tensor map at `map` (a __grid_constant__ parameter) into shared memory at dst.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
@@ -821,6 +835,41 @@ __device__ __forceinline__ void ldmatrix_q_fragments(uint32_t (&qa)[Cfg::kQRegSt
                  : "r"(addr + ks * 32)
                  : "memory");
 }
+#ifndef VA_Q_CP_ASYNC
+// v67: a single request's row tile of Q by bulk tensor copies, issued by one thread (p.q_map: 64 x
+// 64 boxes, 128-byte swizzle): latent chunks 0-7 into KV stages 1.. in the swizzled chunk layout
+// (64 KB; WG0 reads its fragments there), the RoPE chunk into its place at sQs. One arrive on `bar`
+// announces the 72 KB; the phase completes when every box has landed (rows past q's end as zeros,
+// padding rows as whatever q holds there: finite or not, their results are dropped). The copies go
+// through the SM's bulk-copy unit, not the load path that the plan's loads, the slots and tile 0's
+// gather take (kernel/NOTES.md, v67).
+template <class Cfg>
+__device__ __forceinline__ void stage_q_tma(const Params& p, uint32_t base, int64_t q_row_base, uint32_t bar) {
+  static_assert(Cfg::kQSmemLatent == 0 && Cfg::kQRegSteps == 32, "v41's loop: latent dims in registers");
+  static_assert(QStaging<Cfg>::kOff % 1024 == 0 && Cfg::kQSmemOff % 1024 == 0, "swizzle atoms are 1024 B");
+  static_assert(8 * 64 * 128 <= (Cfg::kStages - 1) * Cfg::kTileBytes, "latent chunks fit in KV stages 1..");
+  constexpr int kChunk = 64 * 128;
+  const int row = static_cast<int>(q_row_base);  // < N * H, an int
+  mbar_arrive_expect_tx(bar, 9 * kChunk);
+#pragma unroll
+  for (int c = 0; c < 8; ++c) tma_load_2d(base + QStaging<Cfg>::kOff + c * kChunk, p.q_map, c * 64, row, bar);
+  tma_load_2d(base + Cfg::kQSmemOff, p.q_map, 512, row, bar);
+}
+// WG0's A fragments from stage_q_tma's chunks: as ldmatrix_q_fragments, each 16-byte unit u of row
+// r at u ^ (r % 8) (r % 8 = lane % 8 here: four addresses a lane, conflict-free).
+template <class Cfg>
+__device__ __forceinline__ void ldmatrix_q_fragments_swizzled(uint32_t (&qa)[Cfg::kQRegSteps][4], uint32_t base,
+                                                              int warp_in_wg, int lane) {
+  const int m = lane / 8, r = 16 * warp_in_wg + (m & 1) * 8 + lane % 8;
+  const uint32_t row = base + QStaging<Cfg>::kOff + r * 128;
+#pragma unroll
+  for (int ks = 0; ks < Cfg::kQRegSteps; ++ks)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(qa[ks][0]), "=r"(qa[ks][1]), "=r"(qa[ks][2]), "=r"(qa[ks][3])
+                 : "r"(row + (ks / 4) * (64 * 128) + (((2 * (ks % 4) + (m >> 1)) ^ (lane % 8)) << 4))
+                 : "memory");
+}
+#endif
 // A single request's row tile of Q as the plan will give it (its row tiles from q's row count, the
 // tile from the block index), so that Q's copies can go out before the plan; WG0 checks it against
 // the decoded work item. False for batches (and for a q without rows): no guess.
@@ -829,11 +878,16 @@ __device__ __forceinline__ bool guess_q_rows(const Params& p, int item, int kM, 
   const int row_tiles = ceil_div(p.num_q_rows, kM), tile = item % row_tiles;
   row_base = static_cast<int64_t>(tile) * kM;
   valid_rows = min(kM, p.num_q_rows - tile * kM);
+#ifdef VA_Q_CP_ASYNC
   return true;
+#else
+  return p.q_tma != 0;  // staged by stage_q_tma, which needs the map
+#endif
 }
 
+// p is a __grid_constant__ parameter: its tensor map (q_map) is read by address (stage_q_tma).
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_kernel(Params p) {
+__global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_kernel(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kM = Cfg::kM, kBN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
   static_assert(kM == 64 && (kBN == 32 || kBN == 48) && kThreads == 384, "layout below assumes these");
@@ -854,6 +908,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   // while warp 0 plans; WG0 checks the guessed rows after decode (kernel/NOTES.md, v60-v62). The
   // pipelined config keeps its fragment loads: its calls' starts are a small part of them, and its
   // tile loop's machine code moves with the Q path.
+#ifdef VA_Q_CP_ASYNC
   if (!Cfg::kPipeQK && threadIdx.x >= 32 && threadIdx.x < 128) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     int64_t row_base;
@@ -861,11 +916,37 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     if (guess_q_rows(p, item, Cfg::kM, row_base, valid_rows))
       stage_q<Cfg, 96>(p, smem_base_1024(smem_raw), row_base, valid_rows, threadIdx.x - 32);
   }
+#else
+  // v67: by bulk tensor copies, which thread 32 issues (on an mbarrier of its own, initialised here).
+  // (In dynamic shared memory: a static __shared__ one moves the others, and ptxas then schedules
+  // WG0's tile loop anew; kernel/NOTES.md, v65-v67.)
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t bar_q = smem_base_1024(smem_raw) + Cfg::kQBarOff;
+  if constexpr (!Cfg::kPipeQK) {
+    if (threadIdx.x == 32) {
+      extern __shared__ __align__(16) unsigned char smem_raw[];
+      int64_t row_base;
+      int valid_rows;
+      if (guess_q_rows(p, item, Cfg::kM, row_base, valid_rows)) {
+        mbar_init(bar_q, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // the init, before the copies complete on it
+        stage_q_tma<Cfg>(p, smem_base_1024(smem_raw), row_base, bar_q);
+      }
+    }
+  }
+#endif
 #endif
   plan_block<Cfg>(p, item, &s_plan);
   if (item >= s_plan.num_items) {
 #ifndef VA_Q_FRAGMENT_LOADS
+#ifdef VA_Q_CP_ASYNC
     if (!Cfg::kPipeQK) cp_async_wait<0>();  // the copies above land before the CTA ends
+#else
+    int64_t row_base;
+    int valid_rows;
+    if (!Cfg::kPipeQK && threadIdx.x == 32 && guess_q_rows(p, item, Cfg::kM, row_base, valid_rows))
+      mbar_wait(bar_q, 0);  // the copies above land before the CTA ends
+#endif
 #endif
     return;
   }
@@ -929,6 +1010,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     int64_t row_base = -1;
     int valid_rows = -1;
     if (!kPipe && guess_q_rows(p, item, kM, row_base, valid_rows)) {
+#ifdef VA_Q_CP_ASYNC
       if (row_base != w.q_row_base || valid_rows != w.valid_rows) {
         // Every thread's copies of the guessed rows land before any thread writes those bytes
         // again (another thread's, as the copies are dealt out differently).
@@ -940,6 +1022,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       fence_proxy_async();
       named_bar_sync(kBarS, 128);  // all of WG0's rows of Q in shared memory landed
       ldmatrix_q_fragments<Cfg>(qa, base, warp, lane);
+#else
+      if constexpr (!kPipe) {
+        mbar_wait(bar_q, 0);  // the guessed rows landed
+        if (row_base != w.q_row_base) {
+          // The item's rows differ (a call whose indptrs disagree with q's extent): copied again
+          // over the landed ones, which no thread has read yet, on the barrier's next phase.
+          if (tid == 0) stage_q_tma<Cfg>(p, base, w.q_row_base, bar_q);
+          mbar_wait(bar_q, 1);
+        }
+        ldmatrix_q_fragments_swizzled<Cfg>(qa, base, warp, lane);
+      }
+#endif
       mbar_arrive(bar_q_read);  // KV stages 1.. free for tiles 1..
     } else
 #endif
