@@ -81,6 +81,20 @@ bool encode_q_map(const void* q, int rows, uint64_t (&map)[16]) {
 #ifdef VA_Q_CP_ASYNC
   return false;  // v62's cp.async copies of Q, for an A/B (kernel/NOTES.md, v67)
 #endif
+  // The last map this thread encoded, reused while q's buffer and row count repeat (a decode loop
+  // over layers, a benchmark): the encode is host time inside an eagerly timed call (v67).
+  struct Last {
+    const void* q = nullptr;
+    int rows = 0;
+    uint64_t map[16];
+  };
+  thread_local Last last;
+#ifndef VA_NO_Q_MAP_CACHE
+  if (last.q != nullptr && last.q == q && last.rows == rows) {
+    std::memcpy(map, last.map, sizeof map);
+    return true;
+  }
+#endif
   const EncodeTiled encode = tensor_map_encoder();
   if (encode == nullptr || rows <= 0) return false;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kQKDim), static_cast<cuuint64_t>(rows)};
@@ -93,6 +107,9 @@ bool encode_q_map(const void* q, int rows, uint64_t (&map)[16]) {
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return false;
   std::memcpy(map, &m, sizeof m);
+  last.q = q;
+  last.rows = rows;
+  std::memcpy(last.map, &m, sizeof m);
   return true;
 }
 
