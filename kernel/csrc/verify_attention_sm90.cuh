@@ -505,8 +505,7 @@ struct ConfigWgmmaWsT {
   static constexpr int kStatOff = kAlphaOff + kPBufs * 64 * 4; // [2][64] final row max, row sum
   static constexpr int kSumOff = kStatOff + 2 * 64 * 4;       // [128 threads][2] running partial row sums
   static constexpr int kQBarOff = kSumOff + 128 * 2 * 4;      // mbarrier of Q's bulk tensor copies (v67)
-  static constexpr int kQReadBarOff = kQBarOff + 8;           // kPipeQK: WG0 has read Q's staged chunks (v68)
-  static constexpr int kSmemUsed = kQReadBarOff + 8;
+  static constexpr int kSmemUsed = kQBarOff + 8;
   static constexpr int kSmemBytes = kSmemUsed + 1024;         // slack to align the base to 1024 B
   static constexpr int kRegsS = 184, kRegsPV = 160;
   static_assert(kBlockN == 32 || kBlockN == 48, "S tiles of 32 or 48 keys (wgmma n32 / n48, PV k-steps of 16)");
@@ -836,22 +835,7 @@ __device__ __forceinline__ void ldmatrix_q_fragments(uint32_t (&qa)[Cfg::kQRegSt
                  : "r"(addr + ks * 32)
                  : "memory");
 }
-// Does a single request's Q go into shared memory at the kernel's entry (else WG0 loads its
-// fragments directly after decode, as batches do)? v41's loop since v62, v52's since v68
-// (VA_PIPE_Q_LOADS builds v67's, where it does not).
-template <class Cfg>
-constexpr bool kQStagedAtEntry =
-#if defined(VA_Q_CP_ASYNC) || defined(VA_PIPE_Q_LOADS)
-    !Cfg::kPipeQK;
-#else
-    true;
-#endif
 #ifndef VA_Q_CP_ASYNC
-// Where stage_q_tma puts the chunks that WG0 holds in registers: KV stages 1.. for v41's loop (8
-// chunks, 64 KB), KV stage 2 alone for v52's (5 chunks, 40 KB), whose tile 1 is gathered as soon as
-// tile 0 has landed, and its tile 2 once WG0 has read them (v68).
-template <class Cfg>
-constexpr int kQTmaStageOff = Cfg::kPipeQK ? Cfg::kKVOff + (Cfg::kStages - 1) * Cfg::kTileBytes : QStaging<Cfg>::kOff;
 // v67: a single request's row tile of Q by bulk tensor copies, issued by one thread (p.q_map: 64 x
 // 64 boxes, 128-byte swizzle): latent chunks 0-7 into KV stages 1.. in the swizzled chunk layout
 // (64 KB; WG0 reads its fragments there), the RoPE chunk into its place at sQs. One arrive on `bar`
@@ -861,17 +845,15 @@ constexpr int kQTmaStageOff = Cfg::kPipeQK ? Cfg::kKVOff + (Cfg::kStages - 1) * 
 // gather take (kernel/NOTES.md, v67).
 template <class Cfg>
 __device__ __forceinline__ void stage_q_tma(const Params& p, uint32_t base, int64_t q_row_base, uint32_t bar) {
-  constexpr int kChunk = 64 * 128, kRegChunks = Cfg::kQRegSteps / 4, kStage = kQTmaStageOff<Cfg>;
-  static_assert(kRegChunks * 4 == Cfg::kQRegSteps && kRegChunks + Cfg::kQSmemLatent + 1 == 9, "9 chunks of Q");
-  static_assert(kStage % 1024 == 0 && Cfg::kQSmemOff % 1024 == 0, "swizzle atoms are 1024 B");
-  static_assert(kStage + kRegChunks * kChunk <= Cfg::kKVOff + Cfg::kStages * Cfg::kTileBytes, "in the KV stages");
+  static_assert(Cfg::kQSmemLatent == 0 && Cfg::kQRegSteps == 32, "v41's loop: latent dims in registers");
+  static_assert(QStaging<Cfg>::kOff % 1024 == 0 && Cfg::kQSmemOff % 1024 == 0, "swizzle atoms are 1024 B");
+  static_assert(8 * 64 * 128 <= (Cfg::kStages - 1) * Cfg::kTileBytes, "latent chunks fit in KV stages 1..");
+  constexpr int kChunk = 64 * 128;
   const int row = static_cast<int>(q_row_base);  // < N * H, an int
   mbar_arrive_expect_tx(bar, 9 * kChunk);
 #pragma unroll
-  for (int c = 0; c < kRegChunks; ++c) tma_load_2d(base + kStage + c * kChunk, p.q_map, c * 64, row, bar);
-#pragma unroll
-  for (int i = 0; i <= Cfg::kQSmemLatent; ++i)
-    tma_load_2d(base + Cfg::kQSmemOff + i * kChunk, p.q_map, (kRegChunks + i) * 64, row, bar);
+  for (int c = 0; c < 8; ++c) tma_load_2d(base + QStaging<Cfg>::kOff + c * kChunk, p.q_map, c * 64, row, bar);
+  tma_load_2d(base + Cfg::kQSmemOff, p.q_map, 512, row, bar);
 }
 // WG0's A fragments from stage_q_tma's chunks: as ldmatrix_q_fragments, each 16-byte unit u of row
 // r at u ^ (r % 8) (r % 8 = lane % 8 here: four addresses a lane, conflict-free).
@@ -879,7 +861,7 @@ template <class Cfg>
 __device__ __forceinline__ void ldmatrix_q_fragments_swizzled(uint32_t (&qa)[Cfg::kQRegSteps][4], uint32_t base,
                                                               int warp_in_wg, int lane) {
   const int m = lane / 8, r = 16 * warp_in_wg + (m & 1) * 8 + lane % 8;
-  const uint32_t row = base + kQTmaStageOff<Cfg> + r * 128;
+  const uint32_t row = base + QStaging<Cfg>::kOff + r * 128;
 #pragma unroll
   for (int ks = 0; ks < Cfg::kQRegSteps; ++ks)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -940,7 +922,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   // WG0's tile loop anew; kernel/NOTES.md, v65-v67.)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t bar_q = smem_base_1024(smem_raw) + Cfg::kQBarOff;
-  if constexpr (kQStagedAtEntry<Cfg>) {
+  if constexpr (!Cfg::kPipeQK) {
     if (threadIdx.x == 32) {
       extern __shared__ __align__(16) unsigned char smem_raw[];
       int64_t row_base;
@@ -962,7 +944,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
 #else
     int64_t row_base;
     int valid_rows;
-    if (kQStagedAtEntry<Cfg> && threadIdx.x == 32 && guess_q_rows(p, item, Cfg::kM, row_base, valid_rows))
+    if (!Cfg::kPipeQK && threadIdx.x == 32 && guess_q_rows(p, item, Cfg::kM, row_base, valid_rows))
       mbar_wait(bar_q, 0);  // the copies above land before the CTA ends
 #endif
 #endif
@@ -991,14 +973,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   __shared__ __align__(8) uint64_t s_bar_full[kPipe ? kStages : 1];
   const uint32_t bar_pv_done = smem_addr(s_bar_pv_done), bar_full = smem_addr(s_bar_full);
 #ifndef VA_Q_FRAGMENT_LOADS
-  // WG0 has read its fragments out of the staged chunks in the KV stages (WG0 -> WG1/WG2, once):
-  // v41's loop in the mbarrier it leaves unused, v52's in one of dynamic shared memory (v68).
-  const uint32_t bar_q_read = kPipe ? base + Cfg::kQReadBarOff : bar_full;
+  // v41's loop only: WG0 has read its fragments out of the staging rows in KV stages 1.. (WG0 ->
+  // WG1/WG2, once), in the mbarrier that loop leaves unused.
+  const uint32_t bar_q_read = bar_full;
 #endif
   if (tid == 0) {
     s_item = decode_item<kM>(p, s_plan, item);
 #ifndef VA_Q_FRAGMENT_LOADS
-    if constexpr (!kPipe || kQStagedAtEntry<Cfg>) mbar_init(bar_q_read, 128);
+    if constexpr (!kPipe) mbar_init(bar_q_read, 128);
 #endif
 #pragma unroll
     for (int b = 0; b < kPBufs; ++b) mbar_init(bar_p_ready + 8 * b, 32);  // the 32 WG0 threads that write rescale factors, once per tile
@@ -1027,7 +1009,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     // known only now, and staging them here would hold tiles 1 and up back (kernel/NOTES.md, v61).
     int64_t row_base = -1;
     int valid_rows = -1;
-    if (kQStagedAtEntry<Cfg> && guess_q_rows(p, item, kM, row_base, valid_rows)) {
+    if (!kPipe && guess_q_rows(p, item, kM, row_base, valid_rows)) {
 #ifdef VA_Q_CP_ASYNC
       if (row_base != w.q_row_base || valid_rows != w.valid_rows) {
         // Every thread's copies of the guessed rows land before any thread writes those bytes
@@ -1041,7 +1023,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       named_bar_sync(kBarS, 128);  // all of WG0's rows of Q in shared memory landed
       ldmatrix_q_fragments<Cfg>(qa, base, warp, lane);
 #else
-      if constexpr (kQStagedAtEntry<Cfg>) {
+      if constexpr (!kPipe) {
         mbar_wait(bar_q, 0);  // the guessed rows landed
         if (row_base != w.q_row_base) {
           // The item's rows differ (a call whose indptrs disagree with q's extent): copied again
@@ -1056,7 +1038,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         ldmatrix_q_fragments_swizzled<Cfg>(qa, base, warp, lane);
       }
 #endif
-      mbar_arrive(bar_q_read);  // the KV stages that held Q free for their tiles
+      mbar_arrive(bar_q_read);  // KV stages 1.. free for tiles 1..
     } else
 #endif
     {
@@ -1300,14 +1282,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     for (int j = 0; j < 32; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     if constexpr (kPipe) {
       mbar_wait(bar_full, 0);
-#ifndef VA_Q_FRAGMENT_LOADS
-      // A single request's Q chunks sit in the last stage (v68): tiles 1.. are gathered once WG0
-      // has read them, which it has by the time tile 0 lands. (A wait between tile 1's gather and
-      // tile 2's, in the loop below, made ptxas schedule this warpgroup's tile loop anew.)
-      int64_t q_row_base;
-      int q_valid_rows;
-      if (kQStagedAtEntry<Cfg> && guess_q_rows(p, item, kM, q_row_base, q_valid_rows)) mbar_wait(bar_q_read, 0);
-#endif
 #pragma unroll 1
       for (int t = 1; t < kStages && t < num_tiles; ++t) {
         load_tile(fetch_slots(t), t);
