@@ -145,7 +145,7 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
   p.max_partials = plan.max_partials;
   p.min_split_tiles = (Cfg::kMinSplitKeys + Cfg::kBlockN - 1) / Cfg::kBlockN;
   if constexpr (kIsWgmmaWs<Cfg>) {
-    if (!Cfg::kPipeQK) p.q_tma = encode_q_map(a.q, p.num_q_rows, p.q_map) ? 1 : 0;
+    if (kQStagedAtEntry<Cfg>) p.q_tma = encode_q_map(a.q, p.num_q_rows, p.q_map) ? 1 : 0;
   }
 
   // Raising the dynamic shared-memory limit is not a stream operation, so it is legal during

@@ -505,7 +505,8 @@ struct ConfigWgmmaWsT {
   static constexpr int kStatOff = kAlphaOff + kPBufs * 64 * 4; // [2][64] final row max, row sum
   static constexpr int kSumOff = kStatOff + 2 * 64 * 4;       // [128 threads][2] running partial row sums
   static constexpr int kQBarOff = kSumOff + 128 * 2 * 4;      // mbarrier of Q's bulk tensor copies (v67)
-  static constexpr int kSmemUsed = kQBarOff + 8;
+  static constexpr int kQReadBarOff = kQBarOff + 8;           // kPipeQK: WG0 has read Q's staged chunks (v68)
+  static constexpr int kSmemUsed = kQReadBarOff + 8;
   static constexpr int kSmemBytes = kSmemUsed + 1024;         // slack to align the base to 1024 B
   static constexpr int kRegsS = 184, kRegsPV = 160;
   static_assert(kBlockN == 32 || kBlockN == 48, "S tiles of 32 or 48 keys (wgmma n32 / n48, PV k-steps of 16)");
@@ -835,7 +836,22 @@ __device__ __forceinline__ void ldmatrix_q_fragments(uint32_t (&qa)[Cfg::kQRegSt
                  : "r"(addr + ks * 32)
                  : "memory");
 }
+// Does a single request's Q go into shared memory at the kernel's entry (else WG0 loads its
+// fragments directly after decode, as batches do)? v41's loop since v62, v52's since v68
+// (VA_PIPE_Q_LOADS builds v67's, where it does not).
+template <class Cfg>
+constexpr bool kQStagedAtEntry =
+#if defined(VA_Q_CP_ASYNC) || defined(VA_PIPE_Q_LOADS)
+    !Cfg::kPipeQK;
+#else
+    true;
+#endif
 #ifndef VA_Q_CP_ASYNC
+// Where stage_q_tma puts the chunks that WG0 holds in registers: KV stages 1.. for v41's loop (8
+// chunks, 64 KB), KV stage 2 alone for v52's (5 chunks, 40 KB), whose tile 1 is gathered as soon as
+// tile 0 has landed, and its tile 2 once WG0 has read them (v68).
+template <class Cfg>
+constexpr int kQTmaStageOff = Cfg::kPipeQK ? Cfg::kKVOff + (Cfg::kStages - 1) * Cfg::kTileBytes : QStaging<Cfg>::kOff;
 // v67: a single request's row tile of Q by bulk tensor copies, issued by one thread (p.q_map: 64 x
 // 64 boxes, 128-byte swizzle): latent chunks 0-7 into KV stages 1.. in the swizzled chunk layout
 // (64 KB; WG0 reads its fragments there), the RoPE chunk into its place at sQs. One arrive on `bar`
@@ -845,15 +861,17 @@ __device__ __forceinline__ void ldmatrix_q_fragments(uint32_t (&qa)[Cfg::kQRegSt
 // gather take (kernel/NOTES.md, v67).
 template <class Cfg>
 __device__ __forceinline__ void stage_q_tma(const Params& p, uint32_t base, int64_t q_row_base, uint32_t bar) {
-  static_assert(Cfg::kQSmemLatent == 0 && Cfg::kQRegSteps == 32, "v41's loop: latent dims in registers");
-  static_assert(QStaging<Cfg>::kOff % 1024 == 0 && Cfg::kQSmemOff % 1024 == 0, "swizzle atoms are 1024 B");
-  static_assert(8 * 64 * 128 <= (Cfg::kStages - 1) * Cfg::kTileBytes, "latent chunks fit in KV stages 1..");
-  constexpr int kChunk = 64 * 128;
+  constexpr int kChunk = 64 * 128, kRegChunks = Cfg::kQRegSteps / 4, kStage = kQTmaStageOff<Cfg>;
+  static_assert(kRegChunks * 4 == Cfg::kQRegSteps && kRegChunks + Cfg::kQSmemLatent + 1 == 9, "9 chunks of Q");
+  static_assert(kStage % 1024 == 0 && Cfg::kQSmemOff % 1024 == 0, "swizzle atoms are 1024 B");
+  static_assert(kStage + kRegChunks * kChunk <= Cfg::kKVOff + Cfg::kStages * Cfg::kTileBytes, "in the KV stages");
   const int row = static_cast<int>(q_row_base);  // < N * H, an int
   mbar_arrive_expect_tx(bar, 9 * kChunk);
 #pragma unroll
-  for (int c = 0; c < 8; ++c) tma_load_2d(base + QStaging<Cfg>::kOff + c * kChunk, p.q_map, c * 64, row, bar);
-  tma_load_2d(base + Cfg::kQSmemOff, p.q_map, 512, row, bar);
+  for (int c = 0; c < kRegChunks; ++c) tma_load_2d(base + kStage + c * kChunk, p.q_map, c * 64, row, bar);
+#pragma unroll
+  for (int i = 0; i <= Cfg::kQSmemLatent; ++i)
+    tma_load_2d(base + Cfg::kQSmemOff + i * kChunk, p.q_map, (kRegChunks + i) * 64, row, bar);
 }
 // WG0's A fragments from stage_q_tma's chunks: as ldmatrix_q_fragments, each 16-byte unit u of row
 // r at u ^ (r % 8) (r % 8 = lane % 8 here: four addresses a lane, conflict-free).
@@ -861,13 +879,28 @@ template <class Cfg>
 __device__ __forceinline__ void ldmatrix_q_fragments_swizzled(uint32_t (&qa)[Cfg::kQRegSteps][4], uint32_t base,
                                                               int warp_in_wg, int lane) {
   const int m = lane / 8, r = 16 * warp_in_wg + (m & 1) * 8 + lane % 8;
-  const uint32_t row = base + QStaging<Cfg>::kOff + r * 128;
+  const uint32_t row = base + kQTmaStageOff<Cfg> + r * 128;
 #pragma unroll
   for (int ks = 0; ks < Cfg::kQRegSteps; ++ks)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(qa[ks][0]), "=r"(qa[ks][1]), "=r"(qa[ks][2]), "=r"(qa[ks][3])
                  : "r"(row + (ks / 4) * (64 * 128) + (((2 * (ks % 4) + (m >> 1)) ^ (lane % 8)) << 4))
                  : "memory");
+}
+// v69: the same layout by cp.async, WG0's 128 threads, where the host has no tensor map for q
+// (`wgmma-ws-pipe`, whose WG0 then still reads its fragments from one place); not committed.
+template <class Cfg>
+__device__ __forceinline__ void stage_q_cp_async_swizzled(const Params& p, uint32_t base, int64_t q_row_base,
+                                                          int valid_rows, int t) {
+  constexpr int kChunk = 64 * 128, kRegChunks = Cfg::kQRegSteps / 4, kUnits = kQKDim / 8;
+  for (int i = t; i < Cfg::kM * kUnits; i += 128) {
+    const int r = i / kUnits, u = i % kUnits, c = u / 8;
+    const uint32_t chunk = c < kRegChunks ? base + kQTmaStageOff<Cfg> + c * kChunk
+                                          : base + Cfg::kQSmemOff + (c - kRegChunks) * kChunk;
+    const bool ok = r < valid_rows;
+    cp_async_16_shared(chunk + r * 128 + (((u % 8) ^ (r & 7)) << 4), p.q + (ok ? (q_row_base + r) * kQKDim + u * 8 : 0),
+                       ok);
+  }
 }
 #endif
 // A single request's row tile of Q as the plan will give it (its row tiles from q's row count, the
@@ -922,7 +955,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   // WG0's tile loop anew; kernel/NOTES.md, v65-v67.)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t bar_q = smem_base_1024(smem_raw) + Cfg::kQBarOff;
-  if constexpr (!Cfg::kPipeQK) {
+  if constexpr (kQStagedAtEntry<Cfg>) {
     if (threadIdx.x == 32) {
       extern __shared__ __align__(16) unsigned char smem_raw[];
       int64_t row_base;
@@ -931,6 +964,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         mbar_init(bar_q, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // the init, before the copies complete on it
         stage_q_tma<Cfg>(p, smem_base_1024(smem_raw), row_base, bar_q);
+      } else if (Cfg::kPipeQK) {
+        mbar_init(bar_q, 1);  // v69: a batch's Q goes by the same copies after decode
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
       }
     }
   }
@@ -944,7 +980,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
 #else
     int64_t row_base;
     int valid_rows;
-    if (!Cfg::kPipeQK && threadIdx.x == 32 && guess_q_rows(p, item, Cfg::kM, row_base, valid_rows))
+    if (kQStagedAtEntry<Cfg> && threadIdx.x == 32 && guess_q_rows(p, item, Cfg::kM, row_base, valid_rows))
       mbar_wait(bar_q, 0);  // the copies above land before the CTA ends
 #endif
 #endif
@@ -973,14 +1009,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   __shared__ __align__(8) uint64_t s_bar_full[kPipe ? kStages : 1];
   const uint32_t bar_pv_done = smem_addr(s_bar_pv_done), bar_full = smem_addr(s_bar_full);
 #ifndef VA_Q_FRAGMENT_LOADS
-  // v41's loop only: WG0 has read its fragments out of the staging rows in KV stages 1.. (WG0 ->
-  // WG1/WG2, once), in the mbarrier that loop leaves unused.
-  const uint32_t bar_q_read = bar_full;
+  // WG0 has read its fragments out of the staged chunks in the KV stages (WG0 -> WG1/WG2, once):
+  // v41's loop in the mbarrier it leaves unused, v52's in one of dynamic shared memory (v68).
+  const uint32_t bar_q_read = kPipe ? base + Cfg::kQReadBarOff : bar_full;
 #endif
   if (tid == 0) {
     s_item = decode_item<kM>(p, s_plan, item);
 #ifndef VA_Q_FRAGMENT_LOADS
-    if constexpr (!kPipe) mbar_init(bar_q_read, 128);
+    if constexpr (!kPipe || kQStagedAtEntry<Cfg>) mbar_init(bar_q_read, 128);
 #endif
 #pragma unroll
     for (int b = 0; b < kPBufs; ++b) mbar_init(bar_p_ready + 8 * b, 32);  // the 32 WG0 threads that write rescale factors, once per tile
@@ -1009,7 +1045,32 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     // known only now, and staging them here would hold tiles 1 and up back (kernel/NOTES.md, v61).
     int64_t row_base = -1;
     int valid_rows = -1;
-    if (!kPipe && guess_q_rows(p, item, kM, row_base, valid_rows)) {
+#ifndef VA_Q_CP_ASYNC
+    if constexpr (kPipe && kQStagedAtEntry<Cfg>) {
+      // v69: every call's Q into the staged chunks, and WG0's fragments from one ldmatrix site
+      // (two sources of its Q registers made ptxas schedule its tile loop anew, v68): a single
+      // request's copies went out at entry; a batch's go now that its rows are known.
+      const bool early = guess_q_rows(p, item, kM, row_base, valid_rows);
+      if (p.q_tma) {
+        if (!early && tid == 0) stage_q_tma<Cfg>(p, base, w.q_row_base, bar_q);
+        mbar_wait(bar_q, 0);
+        if (early && row_base != w.q_row_base) {
+          named_bar_sync(kBarS, 128);  // as below (v67)
+          if (tid == 0) stage_q_tma<Cfg>(p, base, w.q_row_base, bar_q);
+          mbar_wait(bar_q, 1);
+        }
+      } else {
+        stage_q_cp_async_swizzled<Cfg>(p, base, w.q_row_base, w.valid_rows, tid);
+        cp_async_commit();
+        cp_async_wait<0>();
+        fence_proxy_async();
+        named_bar_sync(kBarS, 128);  // all of WG0's rows of Q in shared memory landed
+      }
+      ldmatrix_q_fragments_swizzled<Cfg>(qa, base, warp, lane);
+      mbar_arrive(bar_q_read);  // KV stage 2 free for its tile
+    } else
+#endif
+    if (kQStagedAtEntry<Cfg> && guess_q_rows(p, item, kM, row_base, valid_rows)) {
 #ifdef VA_Q_CP_ASYNC
       if (row_base != w.q_row_base || valid_rows != w.valid_rows) {
         // Every thread's copies of the guessed rows land before any thread writes those bytes
@@ -1023,7 +1084,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       named_bar_sync(kBarS, 128);  // all of WG0's rows of Q in shared memory landed
       ldmatrix_q_fragments<Cfg>(qa, base, warp, lane);
 #else
-      if constexpr (!kPipe) {
+      if constexpr (kQStagedAtEntry<Cfg>) {
         mbar_wait(bar_q, 0);  // the guessed rows landed
         if (row_base != w.q_row_base) {
           // The item's rows differ (a call whose indptrs disagree with q's extent): copied again
@@ -1038,7 +1099,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         ldmatrix_q_fragments_swizzled<Cfg>(qa, base, warp, lane);
       }
 #endif
-      mbar_arrive(bar_q_read);  // KV stages 1.. free for tiles 1..
+      mbar_arrive(bar_q_read);  // the KV stages that held Q free for their tiles
     } else
 #endif
     {
@@ -1282,6 +1343,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     for (int j = 0; j < 32; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     if constexpr (kPipe) {
       mbar_wait(bar_full, 0);
+#ifndef VA_Q_FRAGMENT_LOADS
+      // Q's staged chunks sit in the last stage (v68-v69): tiles 1.. are gathered once WG0 has
+      // read them, which for a single request it has by the time tile 0 lands. (A wait between
+      // tile 1's gather and tile 2's, in the loop below, made ptxas schedule this warpgroup's tile
+      // loop anew.)
+      if (kQStagedAtEntry<Cfg>) mbar_wait(bar_q_read, 0);  // every call's Q is staged there (v69)
+#endif
 #pragma unroll 1
       for (int t = 1; t < kStages && t < num_tiles; ++t) {
         load_tile(fetch_slots(t), t);
