@@ -346,6 +346,24 @@ def test_one_request_whose_tensors_run_past_its_indptrs(case: tuple[int, int, in
         assert_close(out[:num_draft], lse[:num_draft], batch, f"{describe(batch)} {case} config={config}")
 
 
+def test_without_a_q_tensor_map(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the driver has no tensor-map encoder the wgmma-ws kernels stage Q without bulk tensor
+    copies (`wgmma-ws-pipe` by cp.async into the same layout, `wgmma-ws` by its direct fragment
+    loads; kernel/NOTES.md v67, v69). VERIFY_ATTN_NO_Q_TENSOR_MAP forces that path: single
+    requests of 128 and 256+ rows and a ragged batch, every config, against the oracle."""
+    monkeypatch.setenv("VERIFY_ATTN_NO_Q_TENSOR_MAP", "1")
+    rng = random.Random(77)
+    batches = [
+        make_batch(rng, torch.device("cuda"), [5000], [16], 8),
+        make_batch(rng, torch.device("cuda"), [7000], [16], 32),
+        make_batch(rng, torch.device("cuda"), [3000, 40, 900], [16, 5, 32], 16),
+    ]
+    for batch in batches:
+        for config in gpu_configs():
+            out, lse = run_kernel(batch, config=config)
+            assert_close(out, lse, batch, f"{describe(batch)} no q tensor map config={config}")
+
+
 @pytest.mark.parametrize("b", [32, 33, 48])
 def test_batches_around_the_one_warp_plan(b: int) -> None:
     """Up to 32 requests the plan is computed by one warp, above by the whole block (two code
