@@ -85,7 +85,8 @@ bool encode_q_map(const void* q, int rows, uint64_t (&map)[16]) {
   // The path of a driver without the encoder, on demand: the tests run it on every GPU.
   if (std::getenv("VERIFY_ATTN_NO_Q_TENSOR_MAP") != nullptr) return false;
   // The last map this thread encoded, reused while q's buffer and row count repeat (a decode loop
-  // over layers, a benchmark): the encode is host time inside an eagerly timed call (v67).
+  // over layers, a benchmark): one encode less of host time a call (no GPU time either way,
+  // kernel/NOTES.md v67b).
   struct Last {
     const void* q = nullptr;
     int rows = 0;

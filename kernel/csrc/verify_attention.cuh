@@ -157,8 +157,9 @@ struct Params {
   int max_partials;                   // target items: splitting stops at this many
   int min_split_tiles;                // a split holds at least this many KV tiles
   // q as a 2-D tensor map (CUtensorMap: [N*H rows][576] bf16, 64 x 64 boxes, 128-byte swizzle)
-  // for the wgmma-ws kernel's bulk tensor copies of a single request's Q (kernel/NOTES.md, v67);
-  // q_tma = 0 when the host could not encode one (that kernel then copies Q by cp.async).
+  // for the wgmma-ws kernels' bulk tensor copies of Q (kernel/NOTES.md, v67-v69). q_tma = 0 when
+  // the host has none: wgmma-ws then loads Q's fragments directly, wgmma-ws-pipe copies Q by
+  // cp.async into the same layout.
   int q_tma;
   alignas(64) uint64_t q_map[16];
 };

@@ -837,8 +837,8 @@ __device__ __forceinline__ void ldmatrix_q_fragments(uint32_t (&qa)[Cfg::kQRegSt
                  : "memory");
 }
 // Does a single request's Q go into shared memory at the kernel's entry (else WG0 loads its
-// fragments directly after decode, as batches do)? v41's loop since v62, v52's since v68
-// (VA_PIPE_Q_LOADS builds v67's, where it does not).
+// fragments directly after decode)? v41's loop since v62, v52's since v68, which since v69 also
+// stages a batch's Q, after decode (VA_PIPE_Q_LOADS builds v67's, which does neither).
 template <class Cfg>
 constexpr bool kQStagedAtEntry =
 #if defined(VA_Q_CP_ASYNC) || defined(VA_PIPE_Q_LOADS)
@@ -848,14 +848,14 @@ constexpr bool kQStagedAtEntry =
 #endif
 #ifndef VA_Q_CP_ASYNC
 // Where stage_q_tma puts the chunks that WG0 holds in registers: KV stages 1.. for v41's loop (8
-// chunks, 64 KB), KV stage 2 alone for v52's (5 chunks, 40 KB), whose tile 1 is gathered as soon as
-// tile 0 has landed, and its tile 2 once WG0 has read them (v68).
+// chunks, 64 KB), KV stage 2 alone for v52's (5 chunks, 40 KB). Either way the loop's tiles 1..
+// are gathered once WG0 has read them (bar_q_read).
 template <class Cfg>
 constexpr int kQTmaStageOff = Cfg::kPipeQK ? Cfg::kKVOff + (Cfg::kStages - 1) * Cfg::kTileBytes : QStaging<Cfg>::kOff;
-// v67: a single request's row tile of Q by bulk tensor copies, issued by one thread (p.q_map: 64 x
-// 64 boxes, 128-byte swizzle): latent chunks 0-7 into KV stages 1.. in the swizzled chunk layout
-// (64 KB; WG0 reads its fragments there), the RoPE chunk into its place at sQs. One arrive on `bar`
-// announces the 72 KB; the phase completes when every box has landed (rows past q's end as zeros,
+// v67: a row tile of Q by bulk tensor copies, issued by one thread (p.q_map: 64 x 64 boxes, the
+// 128-byte swizzle): the chunks WG0 holds in registers to kQTmaStageOff in the swizzled chunk
+// layout (WG0 reads its fragments there), the others (the RoPE chunk last) to their place at sQs.
+// One arrive on `bar` announces the 72 KB; the phase completes when every box has landed (rows past q's end as zeros,
 // padding rows as whatever q holds there: finite or not, their results are dropped). The copies go
 // through the SM's bulk-copy unit, not the load path that the plan's loads, the slots and tile 0's
 // gather take (kernel/NOTES.md, v67).
@@ -937,10 +937,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   if (item != 0) allow_dependent_launch();
   entry_prefetch(p);
 #ifndef VA_Q_FRAGMENT_LOADS
-  // One request on v41's loop (the few-row calls): Q's copies go out at entry, by WG0's warps 1-3
-  // while warp 0 plans; WG0 checks the guessed rows after decode (kernel/NOTES.md, v60-v62). The
-  // pipelined config keeps its fragment loads: its calls' starts are a small part of them, and its
-  // tile loop's machine code moves with the Q path.
+  // One request: Q's copies go out at entry, from the rows the plan will give (guess_q_rows), while
+  // warp 0 plans; WG0 checks the guess after decode (kernel/NOTES.md, v60-v62, v67-v69).
+  // VA_Q_CP_ASYNC builds v62's copies by WG0's warps 1-3, on v41's loop only.
 #ifdef VA_Q_CP_ASYNC
   if (!Cfg::kPipeQK && threadIdx.x >= 32 && threadIdx.x < 128) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1041,8 +1040,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
 #ifndef VA_Q_FRAGMENT_LOADS
     // One request: Q was staged at entry (again here if its guessed rows are not the item's, a call
     // whose indptrs disagree with q's extent); WG0 reads its fragments with ldmatrix and frees the
-    // staging rows for tiles 1 and up. Batches load the fragments directly, below: their rows are
-    // known only now, and staging them here would hold tiles 1 and up back (kernel/NOTES.md, v61).
+    // staging rows for tiles 1 and up. On v41's loop batches load the fragments directly, below:
+    // their rows are known only now, and staging them would hold tiles 1 and up back
+    // (kernel/NOTES.md, v61); v52's loop stages them too (v69).
     int64_t row_base = -1;
     int valid_rows = -1;
 #ifndef VA_Q_CP_ASYNC
