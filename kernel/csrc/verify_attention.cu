@@ -93,12 +93,10 @@ bool encode_q_map(const void* q, int rows, uint64_t (&map)[16]) {
     uint64_t map[16];
   };
   thread_local Last last;
-#ifndef VA_NO_Q_MAP_CACHE
   if (last.q != nullptr && last.q == q && last.rows == rows) {
     std::memcpy(map, last.map, sizeof map);
     return true;
   }
-#endif
   const EncodeTiled encode = tensor_map_encoder();
   if (encode == nullptr || rows <= 0) return false;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kQKDim), static_cast<cuuint64_t>(rows)};

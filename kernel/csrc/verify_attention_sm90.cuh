@@ -956,17 +956,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
   const uint32_t bar_q = smem_base_1024(smem_raw) + Cfg::kQBarOff;
   if constexpr (kQStagedAtEntry<Cfg>) {
     if (threadIdx.x == 32) {
-      extern __shared__ __align__(16) unsigned char smem_raw[];
       int64_t row_base;
       int valid_rows;
-      if (guess_q_rows(p, item, Cfg::kM, row_base, valid_rows)) {
+      const bool guessed = guess_q_rows(p, item, Cfg::kM, row_base, valid_rows);
+      // wgmma-ws-pipe also copies a batch's Q on this barrier, after decode (v69).
+      if (guessed || Cfg::kPipeQK) {
         mbar_init(bar_q, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // the init, before the copies complete on it
-        stage_q_tma<Cfg>(p, smem_base_1024(smem_raw), row_base, bar_q);
-      } else if (Cfg::kPipeQK) {
-        mbar_init(bar_q, 1);  // v69: a batch's Q goes by the same copies after decode
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // the init, before copies complete on it
       }
+      if (guessed) stage_q_tma<Cfg>(p, smem_base_1024(smem_raw), row_base, bar_q);
     }
   }
 #endif
