@@ -1255,9 +1255,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     if constexpr (kPipe) {
       // QK of tile i + 1 goes out during the softmax of tile i, into the other accumulator set, so
       // the tensor cores run it while WG0 computes and hands over P of tile i; P goes to the buffer
-      // of its tile's parity, which PV of tile i - 2 must be done with. The waits come before the
-      // softmax that issues QK: a thread's spin on an mbarrier with wgmma in flight makes ptxas
-      // serialize the wgmma (a compiler-inserted wait in a divergent path).
+      // of its tile's parity, which PV of tile i - 2 must be done with. Unrolled by two: the sets
+      // trade roles without register moves. The waits come before the softmax that issues QK: a
+      // thread's spin on an mbarrier with wgmma in flight makes ptxas serialize the wgmma (a
+      // compiler-inserted wait in a divergent path).
       auto pv_done_wait = [&](int tile) {
         if (tile >= 2) mbar_wait(bar_pv_done + 8 * (tile % 2), (tile / 2 - 1) & 1);
       };
@@ -1265,24 +1266,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       qk_issue(sa, 0);
       wgmma_wait<0>();
       fence_regs(sa);
-#ifndef VA_PIPE_UNROLL2
-      // One copy of the softmax (v70): the next tile's scores move into sa after each tile. v69
-      // unrolled the loop by two, so that the sets traded roles without moves, but each copy's
-      // first pass fetches its machine code, ~1.5 us when the call starts with L2 cold
-      // (kernel/NOTES.md, after v69). VA_PIPE_UNROLL2 builds v69's two copies.
-      for (int tile = 0; tile < num_tiles; ++tile) {
-        pv_done_wait(tile);
-        if (tile + 1 < num_tiles) qk_landed(tile + 1);
-        softmax_handoff(sa, tile, sb, tile + 1 < num_tiles ? tile + 1 : -1);
-        if (tile + 1 >= num_tiles) break;
-        wgmma_wait<0>();
-        fence_regs(sb);
-#pragma unroll
-        for (int j = 0; j < kNT; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) sa[j][e] = sb[j][e];
-      }
-#else
       for (int tile = 0; tile < num_tiles; tile += 2) {
         pv_done_wait(tile);
         if (tile + 1 < num_tiles) qk_landed(tile + 1);
@@ -1297,7 +1280,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
         wgmma_wait<0>();
         fence_regs(sa);
       }
-#endif
       wgmma_wait<0>();  // nothing is in flight here; said so, or ptxas adds a wait of its own
     } else {
       for (int tile = 0; tile < num_tiles; ++tile) {
