@@ -1012,16 +1012,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
 #endif
   if (tid == 0) {
     s_item = decode_item<kM>(p, s_plan, item);
-#ifndef VA_SLOTS_AFTER_WAIT
-    // v71: the slots of tiles 1.. into L1 (a line of 32 each, past tile 0's), so that WG1/WG2's
-    // reads of them, once tile 0 has landed, are not an L2 round trip each; prefetches hold no
-    // registers. VA_SLOTS_AFTER_WAIT builds v69, without them.
-#pragma unroll
-    for (int l = 0; l <= (kStages - 1) * kBN / 32; ++l) {
-      const int pos = s_item.kv_begin + kBN + 32 * l;
-      if (pos < s_item.kv_end) asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p.kv_indices + pos));
-    }
-#endif
 #ifndef VA_Q_FRAGMENT_LOADS
     if constexpr (!kPipe || kQStagedAtEntry<Cfg>) mbar_init(bar_q_read, 128);
 #endif
