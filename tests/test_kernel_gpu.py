@@ -290,39 +290,6 @@ def test_long_prefix_split_is_deterministic_and_correct() -> None:
     assert torch.equal(out.view(torch.int16), again.view(torch.int16))
 
 
-# Single requests on the wgmma-ws kernels run as clusters of two CTAs that merge splits 2j and
-# 2j + 1 of a row tile (kernel/NOTES.md v72). (prefix, draft tokens, heads): row tiles x splits of
-# 2 x 66 (every split paired), 4 x 33 (each row tile's last split alone), 3 x 44 (an odd count of
-# row tiles, the last one part padding), 64 x 2 (one pair a row tile: the merge writes the output
-# and the combine has nothing to do), 2 x 3 (a pair and a single) and 2 x 1 (nothing to merge).
-PAIRED_SHAPES = ((32768, 16, 8), (20005, 16, 16), (9000, 20, 8), (4096, 64, 64), (300, 16, 8), (100, 16, 8))
-
-
-@pytest.mark.parametrize("shape", PAIRED_SHAPES, ids=lambda s: "P{}-T{}-H{}".format(*s))
-def test_single_request_splits_merged_in_pairs(shape: tuple[int, int, int]) -> None:
-    import kernel
-
-    if not runs_wgmma():
-        pytest.skip("the wgmma-ws kernels run only on compute capability 9.0 (H100/H200)")
-    prefix, num_draft, heads = shape
-    device = torch.device("cuda")
-    batch = make_batch(random.Random(1300 + prefix), device, [prefix], [num_draft], heads)
-    ext, sms = kernel.load_extension(), torch.cuda.get_device_properties(device).multi_processor_count
-    for config in ("wgmma-ws", "wgmma-ws-pipe"):
-        plan = ext.launch_plan(
-            device.index or 0, 1, num_draft, heads, batch.kv_indices.numel(), kernel._config_id(config)
-        )
-        assert plan["pair_merge"] and plan["grid"] % 2 == 0 and plan["max_partials"] <= sms, plan
-        out, lse = run_kernel(batch, config=config)
-        assert_close(out, lse, batch, f"{describe(batch)} config={config} {plan}")
-        again, again_lse = run_kernel(batch, validate=False, config=config)
-        assert torch.equal(out.view(torch.int16), again.view(torch.int16))
-        assert torch.equal(lse.view(torch.int32), again_lse.view(torch.int32))
-    # A batch keeps one CTA a split (its requests' items need not start at an even CTA).
-    plan = ext.launch_plan(device.index or 0, 2, 2 * num_draft, heads, 2 * batch.kv_indices.numel())
-    assert not plan["pair_merge"], plan
-
-
 # Prefixes that put the first draft key at 0, 1, 16, 31, 47 and 48 keys into a KV tile (48 keys in
 # wgmma-ws, 32 in the other configs) and one far into a long request; draft counts on both sides of
 # one, two, three and eight 32-bit mask words.

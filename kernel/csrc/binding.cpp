@@ -225,24 +225,6 @@ int64_t planned_config(int64_t device_index, int64_t batch, int64_t num_tokens, 
   return plan.config;
 }
 
-// The launch a call of these shapes gets on this device: its config, grid, partial-slot bound and
-// whether its CTAs run as merging pairs (clusters of two, kernel/NOTES.md v72). For tests and
-// reports; empty where the device cannot run the config.
-py::dict launch_plan(int64_t device_index, int64_t batch, int64_t num_tokens, int64_t num_heads,
-                     int64_t num_kv_indices, int64_t config) {
-  py::dict d;
-  if (planned_config(device_index, batch, num_tokens, num_heads, num_kv_indices, config) < 0) return d;
-  va::Plan plan{};
-  C10_CUDA_CHECK(va::make_plan(static_cast<int>(device_index), static_cast<int>(batch), static_cast<int>(num_tokens),
-                               static_cast<int>(num_heads), static_cast<int>(num_kv_indices),
-                               static_cast<int>(config), 0, &plan));
-  d["config"] = kConfigNames[plan.config];
-  d["grid"] = plan.max_items;
-  d["max_partials"] = plan.max_partials;
-  d["pair_merge"] = plan.pair_merge != 0;
-  return d;
-}
-
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -252,9 +234,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("validate") = true, py::arg("config") = 0, py::arg("max_partials") = 0);
   m.def("build_info", &build_info, "kernel configuration and compiler");
   m.def("planned_config", &planned_config, "the tile config a call of these shapes runs on this device (-1: cannot run)",
-        py::arg("device_index"), py::arg("batch"), py::arg("num_tokens"), py::arg("num_heads"),
-        py::arg("num_kv_indices"), py::arg("config") = 0);
-  m.def("launch_plan", &launch_plan, "config, grid, max_partials and pair_merge of a call of these shapes",
         py::arg("device_index"), py::arg("batch"), py::arg("num_tokens"), py::arg("num_heads"),
         py::arg("num_kv_indices"), py::arg("config") = 0);
 }

@@ -146,7 +146,6 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
   p.max_items = plan.max_items;
   p.max_partials = plan.max_partials;
   p.min_split_tiles = (Cfg::kMinSplitKeys + Cfg::kBlockN - 1) / Cfg::kBlockN;
-  p.pair_merge = plan.pair_merge;
   if constexpr (kIsWgmmaWs<Cfg>) {
     if (kQStagedAtEntry<Cfg>) p.q_tma = encode_q_map(a.q, p.num_q_rows, p.q_map) ? 1 : 0;
   }
@@ -177,16 +176,8 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
   mc.blockDim = dim3(Cfg::kThreads);
   mc.dynamicSmemBytes = Cfg::kSmemBytes;
   mc.stream = stream;
-  cudaLaunchAttribute main_attr[2] = {attr[0], {}};
-  mc.attrs = main_attr;
+  mc.attrs = attr;
   mc.numAttrs = plan.dependent_combine ? 1 : 0;
-  if (plan.pair_merge) {  // clusters of two CTAs (the grid is even: make_plan)
-    main_attr[mc.numAttrs].id = cudaLaunchAttributeClusterDimension;
-    main_attr[mc.numAttrs].val.clusterDim.x = 2;
-    main_attr[mc.numAttrs].val.clusterDim.y = 1;
-    main_attr[mc.numAttrs].val.clusterDim.z = 1;
-    ++mc.numAttrs;
-  }
   e = cudaLaunchKernelEx(&mc, main_kernel, p);
   if (e != cudaSuccess) return e;
   const int rows = p.num_q_rows;
@@ -237,47 +228,6 @@ bool with_config(int config, F&& f) {
   }
 }
 
-#ifndef VA_NO_PAIR_MERGE
-// Clusters of two CTAs of a main kernel the device holds at once (0 where it holds none or cannot
-// say), asked once per device and kernel: the pair-merging grid is twice that at most, so that
-// it stays one wave (a GPC with an odd count of free SMs leaves one idle).
-int pair_clusters(MainKernel kernel, int smem_bytes, int threads, int device) {
-  struct Entry {
-    MainKernel kernel;
-    int device;
-    int clusters;
-  };
-  static std::atomic<int> used{0};
-  static Entry cache[16];
-  const int n = used.load(std::memory_order_acquire);
-  for (int i = 0; i < n && i < 16; ++i)
-    if (cache[i].kernel == kernel && cache[i].device == device) return cache[i].clusters;
-  int clusters = 0;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) == cudaSuccess) {
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 2;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cudaLaunchConfig_t lc = {};
-    lc.gridDim = dim3(2);
-    lc.blockDim = dim3(threads);
-    lc.dynamicSmemBytes = smem_bytes;
-    lc.attrs = &attr;
-    lc.numAttrs = 1;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &lc) != cudaSuccess) clusters = 0;
-  }
-  (void)cudaGetLastError();  // not sticky; cleared so that it is not reported by a later call
-  // Racing threads may both ask and append: the same answer twice, harmless.
-  const int slot = used.load(std::memory_order_relaxed);
-  if (slot < 16) {
-    cache[slot] = Entry{kernel, device, clusters};
-    used.store(slot + 1, std::memory_order_release);
-  }
-  return clusters;
-}
-#endif
-
 }  // namespace
 
 bool wgmma_built() {
@@ -315,22 +265,6 @@ cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int 
     return cudaErrorNotSupported;
   // One CTA per SM fits (shared memory bound), so about one wave of work items.
   if (max_partials <= 0) max_partials = sms;
-  // A single request on the wgmma-ws kernels: clusters of two that merge pairs of splits (v72), on
-  // an even grid of at most two CTAs for each cluster the device holds at once.
-  int pair = 0;
-#ifndef VA_NO_PAIR_MERGE
-  if (batch == 1 && max_partials >= 2 && (config == kConfigWgmmaWs || config == kConfigWgmmaWsPipe)) {
-    with_config(config, [&](auto cfg, MainKernel kernel) {
-      using Cfg = typename decltype(cfg)::type;
-      if (smem_optin < Cfg::kSmemBytes) return;
-      const int most = 2 * pair_clusters(kernel, Cfg::kSmemBytes, Cfg::kThreads, device);
-      if (most >= 2) {
-        pair = 1;
-        max_partials = (max_partials < most ? max_partials : most) & ~1;
-      }
-    });
-  }
-#endif
   if (!with_config(config, [&](auto cfg, MainKernel) {
         fill_plan<typename decltype(cfg)::type>(batch, num_tokens, num_heads, max_partials, config, plan);
       }))
@@ -338,8 +272,6 @@ cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int 
   // The plan names the config and its size even when the device cannot hold it (the caller's error).
   if (smem_optin < plan->smem_bytes) return cudaErrorInvalidValue;
   plan->dependent_combine = major >= 9 ? 1 : 0;
-  plan->pair_merge = pair;
-  if (pair) plan->max_items += plan->max_items & 1;  // whole clusters
   return cudaSuccess;
 }
 

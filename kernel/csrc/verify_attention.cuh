@@ -156,10 +156,6 @@ struct Params {
   int max_items;                      // grid size of the main kernel
   int max_partials;                   // target items: splitting stops at this many
   int min_split_tiles;                // a split holds at least this many KV tiles
-  // 1: launched as clusters of two CTAs that merge splits 2j and 2j + 1 of a row tile (the
-  // wgmma-ws kernels, one request; decode_item, kernel/NOTES.md v72); the combine then reads
-  // ceil(splits / 2) partials a row.
-  int pair_merge;
   // q as a 2-D tensor map (CUtensorMap: [N*H rows][576] bf16, 64 x 64 boxes, 128-byte swizzle)
   // for the wgmma-ws kernels' bulk tensor copies of Q (kernel/NOTES.md, v67-v69). q_tma = 0 when
   // the host has none: wgmma-ws then loads Q's fragments directly, wgmma-ws-pipe copies Q by
@@ -447,11 +443,7 @@ __device__ __forceinline__ void place_request(const Params& p, int item, int b, 
                                               int items, int splits, int pbase, BlockPlan* out) {
   if (blockIdx.x == 0) {
     p.item_prefix[b] = begin;
-#ifdef VA_NO_PAIR_MERGE
     p.num_splits[b] = splits;
-#else
-    p.num_splits[b] = p.pair_merge && splits > 1 ? (splits + 1) / 2 : splits;  // the combine's partials a row
-#endif
     p.partial_base[b] = pbase;
   }
   if (item >= begin && item < begin + items) {
@@ -581,7 +573,7 @@ __device__ __forceinline__ void plan_block(const Params& p, int item, BlockPlan*
 // ---------------------------------------------------------------------------------------------
 struct WorkItem {
   int b;             // request
-  int local;         // its partial slot within the request: split * row_tiles + row_tile (pairs: below)
+  int local;         // item index within the request: split * row_tiles + row_tile
   int num_draft;     // T_b
   int kv_begin;      // this split's keys: [kv_begin, kv_end) (global kv_indices positions)
   int kv_end;
@@ -593,9 +585,6 @@ struct WorkItem {
   int mask_words;    // packed words per tree-mask row
   int64_t q_row_base;  // flattened [N*H] index of the tile's first row
   const int32_t* mask_base;
-#ifndef VA_NO_PAIR_MERGE
-  bool paired;       // merges with the other CTA of its cluster (p.pair_merge)
-#endif
 };
 
 template <int kM>
@@ -608,27 +597,7 @@ __device__ __forceinline__ WorkItem decode_item(const Params& p, const BlockPlan
   w.num_draft = plan.req.q_end - q_begin;
   const int rows = w.num_draft * H;
   const int row_tiles = ceil_div(rows, kM);
-  int split = w.local / row_tiles, row_tile = w.local % row_tiles;
-#ifndef VA_NO_PAIR_MERGE
-  w.paired = false;
-  // Clusters of two (kernel/NOTES.md v72): item 2c + r runs split 2 (c / row_tiles) + r of row tile
-  // c % row_tiles, and both CTAs' merged partial takes slot c; with an odd split count each row
-  // tile's last split follows alone (slot pairs x row_tiles + row tile), two to a cluster.
-  if (p.pair_merge && plan.num_splits > 1) {
-    const int pairs = plan.num_splits / 2, in_pairs = 2 * pairs * row_tiles;
-    if (w.local < in_pairs) {
-      const int c = w.local / 2;
-      split = 2 * (c / row_tiles) + w.local % 2;
-      row_tile = c % row_tiles;
-      w.local = c;
-      w.paired = true;
-    } else {
-      row_tile = w.local - in_pairs;
-      split = plan.num_splits - 1;
-      w.local = pairs * row_tiles + row_tile;
-    }
-  }
-#endif
+  const int split = w.local / row_tiles, row_tile = w.local % row_tiles;
   const int kv_req_end = plan.req.kv_end;
   w.kv_begin = plan.req.kv_begin + split * plan.split_len;
   w.kv_end = min(w.kv_begin + plan.split_len, kv_req_end);

@@ -49,7 +49,6 @@ struct Plan {
   int max_items;         // grid of the main kernel
   int max_partials;      // split work items at most (about one CTA per SM)
   int dependent_combine; // 1: the combine is a programmatic dependent launch (compute capability >= 9.0)
-  int pair_merge;        // 1: clusters of two CTAs, each merging two splits of a row tile (wgmma-ws, one request)
   size_t workspace_bytes;
 };
 

@@ -761,157 +761,6 @@ __device__ __forceinline__ void store_partial_half(const Params& p, const WorkIt
   }
 }
 
-#ifndef VA_NO_PAIR_MERGE
-// Clusters of two (kernel/NOTES.md v72): the PV warpgroups' epilogue of a CTA whose item is paired
-// with its peer's (decode_item: splits 2j and 2j + 1 of one row tile). Rank r keeps output half r:
-// its other PV warpgroup (the sender) writes its half, normalised, as fp16 with a scale of its own
-// per thread and row, and each row's lse, into the peer's KV stage 0 (17 units of 16 bytes a
-// thread, unit u of thread t at u * 2 KB + 16 t: 512 contiguous bytes a warp instruction), between
-// two cluster barriers. The first follows every PV of both CTAs (their WG0s have exited or do so
-// without waiting on the PV warpgroups), so the stages are free; the second makes the writes
-// visible. The keeping warpgroup reads the same thread's units, merges them into its registers in
-// a fixed order (deterministic), and stores half a partial; or the output itself when the request
-// has two splits, one pair a row tile, whose merge is the whole answer (no partial, no combine).
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void cluster_sync_all() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-template <class Cfg>
-__device__ __forceinline__ void pair_merge_epilogue(const Params& p, const WorkItem& w, float (&o)[32][4],
-                                                    const float* sStat, int r_lo, int half, int ptid, uint32_t base,
-                                                    unsigned char* smem_base, int bar) {
-  constexpr int kUnitStride = 128 * 16;  // bytes between a thread's units
-  const int rank = static_cast<int>(cluster_ctarank());
-  cluster_sync_all();  // both CTAs' PV done: every KV stage free
-  // The rows' final max and sum (WG0's, read from shared memory where they are used: fewer
-  // registers live beside O).
-  const float m_lo = sStat[r_lo], m_hi = sStat[r_lo + 8], l_lo = sStat[64 + r_lo], l_hi = sStat[64 + r_lo + 8];
-  const float lse_lo = row_lse(m_lo, l_lo), lse_hi = row_lse(m_hi, l_hi);
-  if (half != rank) {
-    const uint32_t xbuf = base + Cfg::kKVOff;
-    const float inv_lo = row_inv(l_lo), inv_hi = row_inv(l_hi);
-    float a_lo = 0.f, a_hi = 0.f;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      a_lo = fmaxf(a_lo, fmaxf(fabsf(o[j][0]), fabsf(o[j][1])));
-      a_hi = fmaxf(a_hi, fmaxf(fabsf(o[j][2]), fabsf(o[j][3])));
-    }
-    const float sc_lo = half_scale(a_lo * inv_lo), sc_hi = half_scale(a_hi * inv_hi);
-    const float mul_lo = inv_lo / sc_lo, mul_hi = inv_hi / sc_hi;
-    uint32_t peer;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(peer) : "r"(xbuf + ptid * 16), "r"(rank ^ 1));
-#pragma unroll
-    for (int u = 0; u < 16; ++u) {
-      uint32_t v[4];
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const int j = 2 * u + k;
-        const __half2 lo = __floats2half2_rn(o[j][0] * mul_lo, o[j][1] * mul_lo);
-        const __half2 hi = __floats2half2_rn(o[j][2] * mul_hi, o[j][3] * mul_hi);
-        v[2 * k] = *reinterpret_cast<const uint32_t*>(&lo);
-        v[2 * k + 1] = *reinterpret_cast<const uint32_t*>(&hi);
-      }
-      asm volatile("st.shared::cluster.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(peer + u * kUnitStride), "r"(v[0]),
-                   "r"(v[1]), "r"(v[2]), "r"(v[3])
-                   : "memory");
-    }
-    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(peer + 16 * kUnitStride), "f"(sc_lo),
-                 "f"(sc_hi), "f"(lse_lo), "f"(lse_hi)
-                 : "memory");
-    cluster_sync_all();  // the peer's keeper reads what this warpgroup wrote
-    return;
-  }
-  cluster_sync_all();  // the peer's sender has written this CTA's stage 0
-  const float4 st = *reinterpret_cast<const float4*>(smem_base + Cfg::kKVOff + 16 * kUnitStride + ptid * 16);
-  // The merged rows' lse and the weights of the two splits, normalised: this split's O is
-  // unnormalised (its row sums l), the peer's normalised and scaled by its st.x / st.y.
-  float lse2[2], w_self[2], w_peer[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float own = h ? lse_hi : lse_lo, other = h ? st.w : st.z;
-    const float mx = fmaxf(own, other);
-    const float e_own = own > -INFINITY ? __expf(own - mx) : 0.f, e_other = other > -INFINITY ? __expf(other - mx) : 0.f;
-    const float d = e_own + e_other;
-    lse2[h] = d > 0.f ? mx + __logf(d) : -INFINITY;
-    w_self[h] = d > 0.f ? e_own * row_inv(h ? l_hi : l_lo) / d : 0.f;
-    w_peer[h] = d > 0.f ? e_other * (h ? st.y : st.x) / d : 0.f;
-  }
-  // The merged lse goes out now (half 0's keeper, rank 0), so that it is not live beside O: to
-  // the output's lse when the merge is the whole answer, else to the partial's.
-  const int lane = threadIdx.x % 32;
-  const int64_t slot = w.partial_base + w.local;
-  if (half == 0 && lane % 4 == 0) {
-    float* dst = w.num_splits == 2 ? p.lse + w.q_row_base : p.partial_lse + slot * 64;
-    if (r_lo < w.valid_rows) dst[r_lo] = lse2[0];
-    if (r_lo + 8 < w.valid_rows) dst[r_lo + 8] = lse2[1];
-  }
-#pragma unroll
-  for (int u = 0; u < 16; ++u) {
-    const uint4 v = *reinterpret_cast<const uint4*>(smem_base + Cfg::kKVOff + u * kUnitStride + ptid * 16);
-    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int j = 2 * u + k;
-      const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&words[2 * k]));
-      const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&words[2 * k + 1]));
-      o[j][0] = o[j][0] * w_self[0] + lo.x * w_peer[0];
-      o[j][1] = o[j][1] * w_self[0] + lo.y * w_peer[0];
-      o[j][2] = o[j][2] * w_self[1] + hi.x * w_peer[1];
-      o[j][3] = o[j][3] * w_self[1] + hi.y * w_peer[1];
-    }
-  }
-  // o is now normalised (row sums of 1).
-  if (w.num_splits == 2) {
-    WorkItem whole = w;
-    whole.num_splits = 1;  // the output itself (its lse is written above)
-    store_rows<64>(p, whole, o, 0.f, 0.f, 1.f, 1.f, r_lo, half * 256 + (lane % 4) * 2, false);
-    return;
-  }
-  // Half a partial, as store_partial_half writes a whole one: staged in KV stage 1 (rows of 264
-  // halves: conflict-free 4-byte stores), then copied out 16 bytes a thread.
-  constexpr int kRowHalves = kVDim / 2 + 8;
-  float a_lo = 0.f, a_hi = 0.f;
-#pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    a_lo = fmaxf(a_lo, fmaxf(fabsf(o[j][0]), fabsf(o[j][1])));
-    a_hi = fmaxf(a_hi, fmaxf(fabsf(o[j][2]), fabsf(o[j][3])));
-  }
-  quad_max(a_lo, a_hi);
-  const float sc_lo = half_scale(a_lo), sc_hi = half_scale(a_hi);
-  const float mul_lo = 1.f / sc_lo, mul_hi = 1.f / sc_hi;  // exact: powers of two
-  __half* lo = reinterpret_cast<__half*>(smem_base + Cfg::kKVOff + Cfg::kTileBytes) + r_lo * kRowHalves + (lane % 4) * 2;
-  __half* hi = lo + 8 * kRowHalves;
-#pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    *reinterpret_cast<__half2*>(lo + j * 8) = __floats2half2_rn(o[j][0] * mul_lo, o[j][1] * mul_lo);
-    *reinterpret_cast<__half2*>(hi + j * 8) = __floats2half2_rn(o[j][2] * mul_hi, o[j][3] * mul_hi);
-  }
-  named_bar_sync(bar, 128);
-  {
-    constexpr int kUnits = kVDim / 16;  // 16-byte units of a half row
-    const int units = w.valid_rows * kUnits;
-    const char* src = reinterpret_cast<const char*>(smem_base + Cfg::kKVOff + Cfg::kTileBytes);
-    char* dst = reinterpret_cast<char*>(half_partials(p) + slot * 64 * kVDim + half * (kVDim / 2));
-#pragma unroll 4
-    for (int u = ptid; u < units; u += 128) {
-      const int row = u / kUnits, c = u % kUnits;
-      const uint4 v = *reinterpret_cast<const uint4*>(src + row * kRowHalves * 2 + c * 16);
-      *reinterpret_cast<uint4*>(dst + row * kVDim * 2 + c * 16) = v;
-    }
-  }
-  if (lane % 4 == 0) {
-    float* scales = half_partial_scales(p);
-    if (r_lo < w.valid_rows) scales[(slot * 64 + r_lo) * 2 + half] = sc_lo;
-    if (r_lo + 8 < w.valid_rows) scales[(slot * 64 + r_lo + 8) * 2 + half] = sc_hi;
-  }
-}
-#endif
-
 // Before the plan: this CTA's slice of q and of kv_indices into L2 (one prefetch per 128-byte
 // line), and the tree-mask offsets that the plan reads with the batch's other bounds.
 __device__ __forceinline__ void l2_prefetch_slice(const char* base, int lines) {
@@ -1059,27 +908,7 @@ __device__ __forceinline__ void stage_q_cp_async_swizzled(const Params& p, uint3
 // the decoded work item. False for batches (and for a q without rows): no guess.
 __device__ __forceinline__ bool guess_q_rows(const Params& p, int item, int kM, int64_t& row_base, int& valid_rows) {
   if (p.batch != 1 || p.num_q_rows <= 0) return false;
-  const int row_tiles = ceil_div(p.num_q_rows, kM);
-#ifdef VA_NO_PAIR_MERGE
-  const int tile = item % row_tiles;
-#else
-  int tile = item % row_tiles;
-  if (p.pair_merge) {
-    // decode_item's pair layout, with the plan's split count for a request of all K keys (the
-    // plan's bisection ends there: the smallest split length, at least min_split_tiles, whose
-    // splits x row tiles fit max_partials).
-    constexpr int kBN = ConfigWgmmaWs::kBlockN;
-    const int keys = p.num_kv_indices, tiles = ceil_div(keys, kBN);
-    int splits = 1;
-    if (row_tiles < p.max_partials && tiles > 0) {
-      const int most = p.max_partials / row_tiles;
-      const int len = max(min(p.min_split_tiles, tiles), ceil_div(keys, most * kBN));
-      splits = ceil_div(keys, len * kBN);
-    }
-    const int in_pairs = splits > 1 ? 2 * (splits / 2) * row_tiles : 0;
-    tile = (item < in_pairs ? item / 2 : item - in_pairs) % row_tiles;
-  }
-#endif
+  const int row_tiles = ceil_div(p.num_q_rows, kM), tile = item % row_tiles;
   row_base = static_cast<int64_t>(tile) * kM;
   valid_rows = min(kM, p.num_q_rows - tile * kM);
 #ifdef VA_Q_CP_ASYNC
@@ -1586,11 +1415,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
     // waited for.
     const float m_lo = sStat[r_lo], m_hi = sStat[r_lo + 8];
     const float l_lo = sStat[64 + r_lo], l_hi = sStat[64 + r_lo + 8];
-#ifndef VA_NO_PAIR_MERGE
-    if (w.paired)
-      pair_merge_epilogue<Cfg>(p, w, o, sStat, r_lo, half, ptid, base, smem_raw + (base - raw), kBarEpilogue);
-    else
-#endif
     if (w.num_splits > 1)
       store_partial_half(p, w, o, m_lo, m_hi, l_lo, l_hi, r_lo, half, ptid, smem_raw + (base - raw),
                          kBarEpilogue);
