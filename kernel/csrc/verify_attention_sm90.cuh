@@ -542,8 +542,12 @@ constexpr bool kIsWgmmaWs<ConfigWgmmaWsT<kBlockN, kStages, kPipeQK>> = true;
 // streams its keys from DRAM and the tile's chain from arrival to refill sets the pace; there the
 // pipelined loop's QK (12 of its 36 k-steps from shared memory) lengthens the chain and v41's loop
 // is 6-8 % faster at one row tile, within +-3 % at two. From four row tiles up the tile loop binds
-// and the pipelined loop is 1-3.5 % faster (kernel/NOTES.md, v53-v54).
-constexpr int kPipeMinRowsPerRequest = 256;
+// and the pipelined loop is 1-3.5 % faster (kernel/NOTES.md, v53-v54). A build flag, so that an
+// A/B can time the other loop at the rows in between (v73).
+#ifndef VA_PIPE_MIN_ROWS
+#define VA_PIPE_MIN_ROWS 256
+#endif
+constexpr int kPipeMinRowsPerRequest = VA_PIPE_MIN_ROWS;
 inline bool wgmma_ws_pipelined(long long rows, int batch) {
   return batch > 0 && rows >= static_cast<long long>(kPipeMinRowsPerRequest) * batch;
 }
