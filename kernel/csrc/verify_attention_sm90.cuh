@@ -1086,20 +1086,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       named_bar_sync(kBarS, 128);  // all of WG0's rows of Q in shared memory landed
       ldmatrix_q_fragments<Cfg>(qa, base, warp, lane);
 #else
-      if constexpr (kQStagedAtEntry<Cfg>) {
-        mbar_wait(bar_q, 0);  // the guessed rows landed
-        if (row_base != w.q_row_base) {
-          // The item's rows differ (a call whose indptrs disagree with q's extent): copied again
-          // over the landed ones, which no thread has read yet, on the barrier's next phase. Only
-          // once every thread has seen phase 0 end: a thread still in its first wait when phase 1
-          // ends would take the barrier's parity for phase 0 not done and wait forever
-          // (racecheck's scheduling hung there; kernel/NOTES.md, v67).
-          named_bar_sync(kBarS, 128);
-          if (tid == 0) stage_q_tma<Cfg>(p, base, w.q_row_base, bar_q);
-          mbar_wait(bar_q, 1);
-        }
-        ldmatrix_q_fragments_swizzled<Cfg>(qa, base, warp, lane);
+      mbar_wait(bar_q, 0);  // the guessed rows landed
+      if (row_base != w.q_row_base) {
+        // The item's rows differ (a call whose indptrs disagree with q's extent): copied again
+        // over the landed ones, which no thread has read yet, on the barrier's next phase. Only
+        // once every thread has seen phase 0 end: a thread still in its first wait when phase 1
+        // ends would take the barrier's parity for phase 0 not done and wait forever
+        // (racecheck's scheduling hung there; kernel/NOTES.md, v67).
+        named_bar_sync(kBarS, 128);
+        if (tid == 0) stage_q_tma<Cfg>(p, base, w.q_row_base, bar_q);
+        mbar_wait(bar_q, 1);
       }
+      ldmatrix_q_fragments_swizzled<Cfg>(qa, base, warp, lane);
 #endif
       mbar_arrive(bar_q_read);  // the KV stages that held Q free for their tiles
     } else
