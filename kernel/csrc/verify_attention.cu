@@ -45,45 +45,12 @@ void fill_plan(int batch, int num_tokens, int num_heads, int max_partials, int c
   plan->workspace_bytes = workspace_bytes<Cfg>(batch, max_partials);
 }
 
-// set() once per process and device for the caller's `done` mask (bit d: device d, 0..63; beyond
-// 64 devices every call runs it). The function attributes set this way are not stream operations,
-// so they are legal during graph capture.
-template <class F>
-cudaError_t once_per_device(std::atomic<uint64_t>& done, F&& set) {
-  int device = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e != cudaSuccess) return e;
-  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
-  if (bit != 0 && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
-  e = set();
-  if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_relaxed);
-  return e;
-}
-
-using CombineKernel = void (*)(Params, int);
-
-// A combine kernel's launch. It asks for the largest shared-memory carveout, the one the main
-// kernels run in, so that an SM need not change its configuration between a call's main CTA and
-// its combine block, nor back before the next call's main CTA (kernel/NOTES.md, v74).
-template <CombineKernel kKernel>
-cudaError_t launch_combine(const cudaLaunchConfig_t& lc, const Params& p, int rows) {
-#ifndef VA_NO_COMBINE_CARVEOUT
-  static std::atomic<uint64_t> carveout_set_on{0};  // one mask per combine kernel
-  const cudaError_t e = once_per_device(carveout_set_on, [] {
-    return cudaFuncSetAttribute(kKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                cudaSharedmemCarveoutMaxShared);
-  });
-  if (e != cudaSuccess) return e;
-#endif
-  return cudaLaunchKernelEx(&lc, kKernel, p, rows);
-}
-
 // combine_wide_kernel with kGroups groups of kWideLanes threads a row; each thread loads 9 splits
 // before it uses any (kGroups x 9 splits a batch). kHalf: fp16 partials (the wgmma-ws configs').
 template <class Cfg, int kGroups, bool kHalf>
 cudaError_t launch_combine_wide(cudaLaunchConfig_t lc, const Params& p, int rows) {
   lc.blockDim = dim3(kGroups * kWideLanes);
-  return launch_combine<combine_wide_kernel<Cfg, kGroups, 9, kHalf>>(lc, p, rows);
+  return cudaLaunchKernelEx(&lc, combine_wide_kernel<Cfg, kGroups, 9, kHalf>, p, rows);
 }
 
 using MainKernel = void (*)(Params);
@@ -186,11 +153,17 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
   // Raising the dynamic shared-memory limit is not a stream operation, so it is legal during
   // graph capture. It is a per-device setting: done once per process, config and device.
   // (A function-local static per instantiation: one bitmask per config.)
-  static std::atomic<uint64_t> smem_set_on{0};
-  cudaError_t e = once_per_device(smem_set_on, [&] {
-    return cudaFuncSetAttribute(main_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-  });
+  static std::atomic<uint64_t> smem_set_on{0};  // bit d: set on device d (devices 0..63)
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return e;
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (bit == 0 || !(smem_set_on.load(std::memory_order_relaxed) & bit)) {
+    e = cudaFuncSetAttribute(main_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             Cfg::kSmemBytes);
+    if (e != cudaSuccess) return e;
+    smem_set_on.fetch_or(bit, std::memory_order_relaxed);
+  }
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -226,10 +199,10 @@ cudaError_t launch_impl(const Args& a, const Plan& plan, cudaStream_t stream, Ma
 #endif
   if (rows <= kCombineManySplitsRows) {
     lc.blockDim = dim3(4 * kCombineLanes);
-    return launch_combine<combine_kernel<Cfg, 4, kHalf>>(lc, p, rows);
+    return cudaLaunchKernelEx(&lc, combine_kernel<Cfg, 4, kHalf>, p, rows);
   }
   lc.blockDim = dim3(kCombineLanes);
-  return launch_combine<combine_kernel<Cfg, 1, kHalf>>(lc, p, rows);
+  return cudaLaunchKernelEx(&lc, combine_kernel<Cfg, 1, kHalf>, p, rows);
 }
 
 // The one map from a config id to its tile config and main kernel: the shared-memory size, the
