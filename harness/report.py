@@ -3,6 +3,8 @@
     python -m harness report PATH [PATH ...]    re-render index.html beside each results.json
                                                 (PATH: a results.json, a run folder, or a folder
                                                 of run folders)
+    python -m harness report --scaling PATH     print each run's fixed cost and steady rate per
+                                                series of prefix lengths (harness/scaling.py)
     python -m harness report --prune reports/   delete index.html of every run but the newest one
                                                 per GPU model, kind and grid, and compress those
                                                 runs' results.json to results.json.gz
@@ -13,7 +15,8 @@ embedded as base64 PNG, so it opens anywhere with no other file:
 * a summary, then warnings: error rows, throttled cases, unavailable implementations, notes;
 * sweep: per (heads, tree size) latency and % of the roofline floor against prefix length per
   implementation, speedup bars of each implementation over each later one in the run's order,
-  a table of medians per case, and every row with its raw statistics and repro command;
+  a table of medians per case, the fixed cost and steady rate of each series of prefix lengths
+  (:mod:`harness.scaling`), and every row with its raw statistics and repro command;
 * parity: real implementations, then the controls: mutation controls (``mutant:<name>`` rows)
   must fail on at least one bundle ("caught"), positive controls (``control:<name>``) must pass
   on every bundle;
@@ -53,6 +56,7 @@ from harness.results import (
     results_in,
     write_results,
 )
+from harness.scaling import fits, prefix_text, records, text_table
 
 TEMPLATE = "report.html.j2"
 # Parity rows of these prefixes are controls, not implementations: mutants must fail somewhere,
@@ -95,10 +99,6 @@ def _bool(value: bool | None) -> str:
 def _table(df: pd.DataFrame) -> str:
     """A DataFrame of already-escaped HTML cells as a table."""
     return df.to_html(index=False, escape=False, border=0, classes="data")
-
-
-def _short_prefix(p: int) -> str:
-    return f"{p // 1024}k" if p >= 1024 and p % 1024 == 0 else str(p)
 
 
 def _png(fig: Any) -> str:
@@ -211,7 +211,7 @@ def _colors(impls: Sequence[str]) -> dict[str, Any]:
 def _prefix_axis(ax: Any, prefixes: Iterable[int]) -> None:
     ticks = sorted({int(p) for p in prefixes if p > 0})
     ax.set_xscale("log", base=2)
-    ax.set_xticks(ticks, [_short_prefix(p) for p in ticks])
+    ax.set_xticks(ticks, [prefix_text(p) for p in ticks])
     ax.minorticks_off()
     ax.tick_params(axis="x", labelrotation=45)  # 128k, 200000 and 256k sit close on a log axis
     ax.grid(True, which="major", alpha=0.3)
@@ -419,6 +419,18 @@ def summary_table(results: Results, mode: str) -> str:
             rec[f"{html.escape(impls[0])}<br>over {html.escape(other)}"] = _num(value, ".3g", "x")
         records.append(rec)
     return _table(pd.DataFrame.from_records(records))
+
+
+def scaling_table(results: Results) -> str:
+    """Per series of prefix lengths: the least-squares fixed cost and steady rate
+    (:mod:`harness.scaling`)."""
+    rows = records(fits(results))
+    if not rows:
+        return ""
+    cells = [
+        {html.escape(k): _text(v, "mono" if k == "series" else "") for k, v in row.items()} for row in rows
+    ]
+    return _table(pd.DataFrame.from_records(cells))
 
 
 def _nvml_change(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
@@ -651,6 +663,8 @@ def context(results: Results) -> dict[str, Any]:
         if sweep
         else [],
         "speedup_plots": speedup_plots(results) if sweep else [],
+        "scaling_table": Markup(scaling_table(results)),
+        "empty_kernel_us": _empty_kernel_us(results.ceilings or {}),
         "rows_table": Markup(rows_table(results)),
         "environment": Markup(kv_table(results.environment)),
         "git_table": Markup(kv_table(results.git)),
@@ -789,9 +803,33 @@ def _main_prune(root: Path) -> int:
     return 0
 
 
+def _main_scaling(paths: Sequence[str]) -> int:
+    status = 0
+    for root in paths:
+        try:
+            files = _run_files(Path(root))
+            if not files:
+                raise ResultsError(f"{root}: no results.json (or results.json.gz) found")
+            for json_path in files:
+                print(f"{json_path}:")
+                print(text_table(fits(load_results(json_path))))
+        except ResultsError as e:
+            print(f"error: {e}", file=sys.stderr)
+            status = 2
+    return status
+
+
 def main(args: argparse.Namespace) -> int:
     if args.prune:
+        if args.scaling:
+            print("error: --prune and --scaling are separate commands; give one", file=sys.stderr)
+            return 2
         return _main_prune(Path(args.prune))
+    if args.scaling:
+        if not args.paths:
+            print("error: --scaling needs a results.json or run folder", file=sys.stderr)
+            return 2
+        return _main_scaling(args.paths)
     if not args.paths:
         print("error: give a results.json or run folder to render, or --prune DIR", file=sys.stderr)
         return 2
@@ -831,5 +869,10 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         "--prune",
         metavar="DIR",
         help="delete index.html of all but the newest run per GPU model, kind and grid",
+    )
+    p.add_argument(
+        "--scaling",
+        action="store_true",
+        help="print each run's fixed cost and steady rate per series of prefix lengths instead of rendering",
     )
     p.set_defaults(func=main)

@@ -1,0 +1,166 @@
+"""The fixed cost and steady rate of a series of prefix lengths (harness/scaling.py), on rows made
+from known lines, and their table in the report and on the command line."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main as cli_main
+from harness.report import render_html
+from harness.results import load_results
+from harness.scaling import MIN_PREFIXES, fit_rows, fits, half_floor_text, line, records, text_table
+
+DATA = Path(__file__).parent / "data"
+SWEEP = DATA / "sweep-h200" / "results.json"
+PARITY = DATA / "parity-cpu" / "results.json"
+PREFIXES = (1024, 4096, 32768, 65536, 262144)
+
+BASE = next(r for r in load_results(SWEEP).sweep if r.impl == "verify-attn-cuda" and r.status == "ok")
+
+
+def row(prefix: int, median_ms: float, floor_ms: float | None = None, **params):
+    """A timed row of the series BASE names, at ``prefix``, with ``params`` changed."""
+    return replace(
+        BASE,
+        params={**BASE.params, "prefix_len": prefix, **params},
+        median_ms=median_ms,
+        samples_ms=[median_ms] * 3,
+        floor_ms=floor_ms,
+        tp_rank=None,
+        status="ok",
+    )
+
+
+def series(fixed_ms: float, rate: float, floor_rate: float, prefixes=PREFIXES, **params):
+    return [row(p, fixed_ms + rate * p, floor_rate * p, **params) for p in prefixes]
+
+
+def test_a_series_on_a_line_gives_back_its_fixed_cost_rate_and_steady_percentage() -> None:
+    f = fit_rows(series(0.0156, 0.48e-6, 0.356e-6))
+    assert f is not None
+    assert f.fixed_ms == pytest.approx(0.0156, rel=1e-9)
+    assert f.ms_per_key == pytest.approx(0.48e-6, rel=1e-9)
+    assert f.steady_pct == pytest.approx(100 * 0.356 / 0.48, rel=1e-9)
+    assert f.worst_residual_pct == pytest.approx(0.0, abs=1e-9)
+    assert f.prefixes == PREFIXES and f.points == len(PREFIXES)
+    # 0.0156 + 0.48e-6 P = 2 * 0.356e-6 P
+    assert f.half_floor_prefix == pytest.approx(0.0156 / (2 * 0.356e-6 - 0.48e-6), rel=1e-9)
+
+
+def test_the_half_floor_prefix_is_every_prefix_never_or_beyond_the_grid() -> None:
+    every = fit_rows(series(0.0, 0.5e-6, 0.4e-6))  # 80 % at every prefix
+    assert every.half_floor_prefix == 0.0 and half_floor_text(every) == "every P"
+    never = fit_rows(series(0.001, 1.0e-6, 0.4e-6))  # a steady rate of 40 %
+    assert never.half_floor_prefix is None and half_floor_text(never) == "never"
+    far = fit_rows(series(1.0, 0.5e-6, 0.4e-6))  # 1 s of fixed cost: 50 % only from P = 3.3M
+    assert far.half_floor_prefix == pytest.approx(1.0 / 0.3e-6)
+    assert half_floor_text(far) == "P >= 3,333,300 (beyond the grid)"
+    inside = fit_rows(series(0.0156, 0.48e-6, 0.356e-6))
+    assert half_floor_text(inside) == "P >= 67,200"
+
+
+def test_relative_weights_keep_one_long_call_s_noise_from_setting_the_fixed_cost() -> None:
+    rows = series(0.0156, 0.48e-6, 0.356e-6)
+    rows[-1] = replace(rows[-1], median_ms=rows[-1].median_ms * 1.03)  # 3 % slower at 256k
+    f = fit_rows(rows)
+    assert abs(f.fixed_ms - 0.0156) < 0.01 * 0.0156  # 0.5 %
+    # unweighted, that 3 % (4.2 us) moves the fixed cost five times as far
+    xs = [r.params["prefix_len"] for r in rows]
+    unweighted_fixed, _ = line(xs, [r.median_ms for r in rows])
+    assert abs(unweighted_fixed - 0.0156) > 0.02 * 0.0156
+
+
+def test_a_series_needs_three_prefix_lengths() -> None:
+    assert MIN_PREFIXES == 3
+    assert fit_rows(series(0.01, 1e-6, 0.5e-6, prefixes=(4096, 65536))) is None
+    # the same prefix twice is one prefix length, not two
+    twice = series(0.01, 1e-6, 0.5e-6, prefixes=(4096, 4096, 65536))
+    assert fit_rows(twice) is None
+
+
+def test_series_are_told_apart_by_implementation_mode_and_every_param_but_the_prefix() -> None:
+    rows = (
+        series(0.01, 1e-6, 0.5e-6, num_heads=8)
+        + series(0.02, 2e-6, 1.0e-6, num_heads=16)
+        + [replace(r, mode="graph") for r in series(0.005, 1e-6, 0.5e-6, num_heads=8)]
+        + [replace(r, impl="other") for r in series(0.03, 4e-6, 0.5e-6, num_heads=8)]
+        + series(0.04, 1e-6, 0.5e-6, num_heads=8, layout="contiguous")
+    )
+    got = {(f.impl, f.mode, dict(f.params)["num_heads"], dict(f.params)["layout"]): f for f in fits(rows)}
+    assert len(got) == 5
+    assert got[("verify-attn-cuda", "cold", 8, BASE.params["layout"])].fixed_ms == pytest.approx(0.01)
+    assert got[("verify-attn-cuda", "cold", 16, BASE.params["layout"])].fixed_ms == pytest.approx(0.02)
+    assert got[("verify-attn-cuda", "graph", 8, BASE.params["layout"])].fixed_ms == pytest.approx(0.005)
+    assert got[("other", "cold", 8, BASE.params["layout"])].ms_per_key == pytest.approx(4e-6)
+    assert got[("verify-attn-cuda", "cold", 8, "contiguous")].fixed_ms == pytest.approx(0.04)
+    with pytest.raises(ValueError, match="2 series"):
+        fit_rows(series(0.01, 1e-6, 0.5e-6, num_heads=8) + series(0.01, 1e-6, 0.5e-6, num_heads=16))
+
+
+def test_error_rows_and_tensor_parallel_rank_rows_are_not_fitted() -> None:
+    rows = series(0.01, 1e-6, 0.5e-6)
+    broken = replace(rows[1], status="error", samples_ms=[], median_ms=0.0)
+    rank = replace(rows[2], tp_rank=0, median_ms=99.0)
+    assert fits([rows[0], broken, rank, rows[3]]) == []  # two prefix lengths remain
+    f = fit_rows([*rows, rank])
+    assert f.points == len(rows) and f.fixed_ms == pytest.approx(0.01)
+
+
+def test_rows_without_a_floor_have_no_steady_rate_and_the_configs_are_named() -> None:
+    rows = [
+        replace(r, floor_ms=None, impl_config=c)
+        for r, c in zip(series(0.01, 1e-6, 0.5e-6), "aabbb", strict=True)
+    ]
+    f = fit_rows(rows)
+    assert f.steady_pct is None and f.half_floor_prefix is None and half_floor_text(f) == "-"
+    assert f.configs == ("a", "b")
+    rec = records([f])[0]
+    assert rec["config"] == "a / b" and rec["steady % of floor"] == "-"
+    assert rec["prefixes"] == "1k-256k (5)" and rec["fixed us"] == "10.0" and rec["us per 1k keys"] == "1"
+
+
+def test_the_sweep_page_shows_the_fits_and_the_parity_page_does_not() -> None:
+    page = render_html(load_results(SWEEP), str(SWEEP))
+    start = page.index('id="scaling"')
+    section = page[start : page.index('<details id="rows">', start)]
+    found = fits(load_results(SWEEP))
+    assert found and section.count("<tr") == len(found) + 1  # a header and one row a fit
+    for f in found:
+        assert f.label() in section
+    assert 'href="#scaling"' in page
+    parity = render_html(load_results(PARITY), str(PARITY))
+    assert 'id="scaling"' not in parity and 'href="#scaling"' not in parity
+
+
+def test_report_scaling_prints_the_fits_of_each_run(capsys) -> None:
+    assert cli_main(["report", "--scaling", str(SWEEP.parent)]) == 0
+    out = capsys.readouterr().out
+    assert str(SWEEP) in out
+    assert text_table(fits(load_results(SWEEP))) in out
+    assert "steady % of floor" in out
+
+
+def test_report_scaling_of_a_run_without_series_says_so(capsys) -> None:
+    assert cli_main(["report", "--scaling", str(PARITY)]) == 0
+    assert "no series with 3 or more prefix lengths" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["report", "--scaling"], "--scaling needs a results.json or run folder"),
+        (["report", "--scaling", "--prune", "reports"], "--prune and --scaling are separate commands"),
+    ],
+)
+def test_report_scaling_usage_errors_name_the_option(argv: list[str], message: str, capsys) -> None:
+    assert cli_main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_report_scaling_of_a_folder_without_results_is_an_error_naming_it(tmp_path: Path, capsys) -> None:
+    assert cli_main(["report", "--scaling", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path) in err and "no results.json" in err
