@@ -55,6 +55,11 @@ counts it), and so is one that HEAD catches on no bundle.
 A row that becomes unavailable is listed with its reason but does not gate: the reason is an
 environment difference (a package or device missing), not a result.
 
+Beside the verdicts, each series of prefix lengths fitted in both runs (:mod:`harness.scaling`)
+shows its fixed cost BASE -> HEAD with the change's standard error, and its steady % of floor:
+whether a change moved what every call pays or the rate per key. Shown, never gated: the verdicts
+decide.
+
 Like with like: BASE and HEAD of different GPU models or kinds are refused unless ``--force``;
 a run's grid (its case set) is its ``--grid`` (parity: ``--bundles``) plus whatever narrowed it:
 a sweep's ``--impls``, ``--modes``, ``--case-filter`` or ``--shard``, a parity run's ``--impls``
@@ -124,6 +129,7 @@ from harness.results import (
     results_files_under,
     results_from_bytes,
 )
+from harness.scaling import FitChange, aligned, change_records, fit_changes
 
 DEFAULT_MIN_CHANGE = 0.03
 ALPHA = 0.01
@@ -486,6 +492,8 @@ class Comparison:
     gated_impls: tuple[str, ...] | None = None
     waived: tuple[tuple[str, str, str], ...] = ()  # (case_id, impl, mode) of waived SLOWER verdicts
     waiver_notes: tuple[str, ...] = ()  # each waiver used (reason, evidence) or with unused entries
+    # the series of prefix lengths fitted in both runs (harness/scaling.py): shown, never gated
+    scaling: tuple[FitChange, ...] = ()
 
     def _gated(self, v: TimingVerdict) -> bool:
         return self.gated_impls is None or any(fnmatch.fnmatchcase(v.impl, g) for g in self.gated_impls)
@@ -640,6 +648,7 @@ def compare_results(
         )
 
     timing: list[TimingVerdict] = []
+    scaling: tuple[FitChange, ...] = ()
     if "cpu" in (base.key.gpu_model, head.key.gpu_model):
         if base.results.sweep or head.results.sweep:
             notes.append("timings are compared only between GPU runs; a CPU-only run compares parity only")
@@ -662,6 +671,12 @@ def compare_results(
                 decision = timing_decision(b.samples_ms, h.samples_ms, min_change=min_change)
             throttled = any(r is not None and r.throttled for r in (b, h))
             timing.append(TimingVerdict(*k, decision=decision, throttled=throttled))
+        scaling = tuple(
+            fit_changes(
+                (r for r in base.results.sweep if keep(r.impl)),
+                (r for r in head.results.sweep if keep(r.impl)),
+            )
+        )
         if any(v.throttled and v.verdict in (SLOWER, FASTER) for v in timing):
             notes.append(
                 "some decided cases were throttled on one side (marked): check clocks before trusting them"
@@ -681,6 +696,7 @@ def compare_results(
         notes=tuple(notes),
         environment_diff=environment_diff(base.results, head.results),
         gated_impls=None if gated_impls is None else tuple(gated_impls),
+        scaling=scaling,
     )
 
 
@@ -871,6 +887,9 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
+SCALING_TITLE = "fixed cost and steady rate per series of prefix lengths (each run's fit, harness/scaling.py)"
+
+
 def format_terminal(c: Comparison) -> str:
     """A plain-text report: header, counts, parity and timing tables (worst first), notes."""
     out = [
@@ -909,6 +928,8 @@ def format_terminal(c: Comparison) -> str:
         ]
         header = ["verdict", "case", "impl", "mode", "base ms", "head ms", "change", "p", "reason"]
         out += ["", f"timing (median ms; minimum effect {100 * c.min_change:.3g} %)", _table(header, rows)]
+    if c.scaling:
+        out += ["", f"{SCALING_TITLE} (shown, not gated)", aligned(change_records(c.scaling))]
     out += [f"note: {n}" for n in c.notes]
     if c.environment_diff:
         out += ["", "environment differences"] + [f"  {k}: {b} -> {h}" for k, b, h in c.environment_diff]
@@ -1014,6 +1035,8 @@ def render_html(c: Comparison) -> str:
         regressions=len(c.regressions),
         timing=timing,
         parity=parity,
+        scaling=change_records(c.scaling),
+        scaling_title=SCALING_TITLE,
         min_change_pct=f"{100 * c.min_change:.3g}",
         alpha=ALPHA,
         min_samples=MIN_SAMPLES,

@@ -19,6 +19,8 @@ roofline floors gives the floor's rate, and with it:
   ``(fixed - 2 floor_fixed) / (2 floor_rate - rate)``; 0 when it does at every prefix, None when
   it never does (a steady rate below 50 %). It is the fit's, not a measured row's: below it, a
   call's % of floor is bound by its fixed cost, however fast the loop;
+* ``fixed_se_ms``: the fixed cost's standard error from the residuals: a series whose shortest
+  prefix already costs far more than the fixed cost extrapolates it from afar, and shows it here;
 * ``worst_residual_pct``: the largest distance of a measured median from the line, in % of that
   median, which says how far the line describes the series (a change of tile config or of cold-L2
   method along the prefixes shows here).
@@ -49,6 +51,7 @@ class ScalingFit:
     prefixes: tuple[int, ...]  # distinct, ascending
     points: int  # rows fitted (a prefix timed twice counts twice)
     fixed_ms: float
+    fixed_se_ms: float  # its standard error, from the residuals: large where no prefix is short
     ms_per_key: float
     floor_fixed_ms: float | None
     floor_ms_per_key: float | None
@@ -98,6 +101,20 @@ def line(
     return my - slope * mx, slope
 
 
+def intercept_se(xs: Sequence[float], ys: Sequence[float], weights: Sequence[float]) -> float:
+    """Standard error of the weighted least-squares intercept, from the residuals (n - 2 degrees
+    of freedom; needs three or more points)."""
+    n = len(xs)
+    if n < 3:
+        raise ValueError("intercept_se: need three or more points")
+    a, b = line(xs, ys, weights)
+    s2 = sum(w * (y - a - b * x) ** 2 for w, x, y in zip(weights, xs, ys, strict=True)) / (n - 2)
+    sw = sum(weights)
+    swx = sum(w * x for w, x in zip(weights, xs, strict=True))
+    swxx = sum(w * x * x for w, x in zip(weights, xs, strict=True))
+    return (s2 * swxx / (sw * swxx - swx * swx)) ** 0.5
+
+
 def _usable(row: SweepRow) -> bool:
     # Timed rows of whole calls: a TP rank row times one GPU's share, its step row the call.
     return row.status == "ok" and bool(row.samples_ms) and row.median_ms > 0 and row.tp_rank is None
@@ -121,7 +138,9 @@ def fit_rows(rows: Sequence[SweepRow]) -> ScalingFit | None:
     ys = [r.median_ms for r in rows]
     # Relative residuals: the medians span orders of magnitude and their noise is a share of
     # each, so that unweighted, the longest prefix's few-% noise would set the fixed cost.
-    fixed, rate = line(xs, ys, [1.0 / y**2 for y in ys])
+    weights = [1.0 / y**2 for y in ys]
+    fixed, rate = line(xs, ys, weights)
+    fixed_se = intercept_se(xs, ys, weights)
     worst = max(abs(y - (fixed + rate * x)) / y for x, y in zip(xs, ys, strict=True))
     floor_fixed = floor_rate = None
     if all(r.floor_ms is not None and r.floor_ms > 0 for r in rows):
@@ -136,6 +155,7 @@ def fit_rows(rows: Sequence[SweepRow]) -> ScalingFit | None:
         prefixes=prefixes,
         points=len(rows),
         fixed_ms=fixed,
+        fixed_se_ms=fixed_se,
         ms_per_key=rate,
         floor_fixed_ms=floor_fixed,
         floor_ms_per_key=floor_rate,
@@ -186,7 +206,7 @@ def records(found: Sequence[ScalingFit]) -> list[dict[str, str]]:
                 "series": f.label(),
                 "config": " / ".join(f.configs) or "-",
                 "prefixes": f"{prefix_text(f.prefixes[0])}-{prefix_text(f.prefixes[-1])} ({len(f.prefixes)})",
-                "fixed us": f"{1000 * f.fixed_ms:.1f}",
+                "fixed us": f"{1000 * f.fixed_ms:.1f} ± {1000 * f.fixed_se_ms:.1f}",
                 "us per 1k keys": f"{1e6 * f.ms_per_key:.3g}",
                 "steady % of floor": "-" if steady is None else f"{steady:.1f}",
                 "50 % of floor from": half_floor_text(f),
@@ -201,8 +221,57 @@ def text_table(found: Sequence[ScalingFit]) -> str:
     rows = records(found)
     if not rows:
         return f"no series with {MIN_PREFIXES} or more prefix lengths"
+    return aligned(rows)
+
+
+@dataclass(frozen=True)
+class FitChange:
+    """One series' fit in two runs (``harness compare``): shown beside the verdicts, not gated."""
+
+    base: ScalingFit
+    head: ScalingFit
+
+    @property
+    def change_se_ms(self) -> float:
+        """Standard error of the fixed cost's change (the two fits' errors, independent)."""
+        return (self.base.fixed_se_ms**2 + self.head.fixed_se_ms**2) ** 0.5
+
+
+def fit_changes(base: Iterable[SweepRow], head: Iterable[SweepRow]) -> list[FitChange]:
+    """The series fitted in both runs, in HEAD's order."""
+    found = {(f.impl, f.mode, f.params): f for f in fits(base)}
+    out = []
+    for f in fits(head):
+        b = found.get((f.impl, f.mode, f.params))
+        if b is not None:
+            out.append(FitChange(base=b, head=f))
+    return out
+
+
+def _pct_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def change_records(changes: Sequence[FitChange]) -> list[dict[str, str]]:
+    """One table row of text per series fitted in both runs (compare's terminal and HTML)."""
+    return [
+        {
+            "implementation": c.head.impl,
+            "mode": c.head.mode,
+            "series": c.head.label(),
+            "fixed us BASE -> HEAD": f"{1000 * c.base.fixed_ms:.1f} -> {1000 * c.head.fixed_ms:.1f}",
+            "fixed change us": f"{1000 * (c.head.fixed_ms - c.base.fixed_ms):+.1f} ± {1000 * c.change_se_ms:.1f}",
+            "steady % of floor BASE -> HEAD": f"{_pct_text(c.base.steady_pct)} -> {_pct_text(c.head.steady_pct)}",
+            "50 % of floor from (HEAD)": half_floor_text(c.head),
+        }
+        for c in changes
+    ]
+
+
+def aligned(rows: Sequence[dict[str, str]]) -> str:
+    """Rows of text as aligned columns under their keys."""
     cols = list(rows[0])
     width = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols}
     lines = ["  ".join(c.ljust(width[c]) for c in cols), "  ".join("-" * width[c] for c in cols)]
-    lines += ["  ".join(r[c].ljust(width[c]) for c in cols) for r in rows]
+    lines += ["  ".join(r[c].ljust(width[c]) for c in cols).rstrip() for r in rows]
     return "\n".join(lines)

@@ -23,9 +23,11 @@ BASE = next(r for r in load_results(SWEEP).sweep if r.impl == "verify-attn-cuda"
 
 def row(prefix: int, median_ms: float, floor_ms: float | None = None, **params):
     """A timed row of the series BASE names, at ``prefix``, with ``params`` changed."""
+    params = {**BASE.params, "prefix_len": prefix, **params}
     return replace(
         BASE,
-        params={**BASE.params, "prefix_len": prefix, **params},
+        case_id="-".join(f"{k}{v}" for k, v in sorted(params.items())),
+        params=params,
         median_ms=median_ms,
         samples_ms=[median_ms] * 3,
         floor_ms=floor_ms,
@@ -119,7 +121,9 @@ def test_rows_without_a_floor_have_no_steady_rate_and_the_configs_are_named() ->
     assert f.configs == ("a", "b")
     rec = records([f])[0]
     assert rec["config"] == "a / b" and rec["steady % of floor"] == "-"
-    assert rec["prefixes"] == "1k-256k (5)" and rec["fixed us"] == "10.0" and rec["us per 1k keys"] == "1"
+    assert (
+        rec["prefixes"] == "1k-256k (5)" and rec["fixed us"] == "10.0 ± 0.0" and rec["us per 1k keys"] == "1"
+    )
 
 
 def test_the_sweep_page_shows_the_fits_and_the_parity_page_does_not() -> None:
@@ -164,3 +168,68 @@ def test_report_scaling_of_a_folder_without_results_is_an_error_naming_it(tmp_pa
     assert cli_main(["report", "--scaling", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert str(tmp_path) in err and "no results.json" in err
+
+
+def test_the_fixed_cost_s_error_is_zero_on_a_line_and_large_when_extrapolated_from_afar() -> None:
+    assert fit_rows(series(0.0156, 0.48e-6, 0.356e-6)).fixed_se_ms == pytest.approx(0.0, abs=1e-12)
+    # 1 % noise on calls of 0.5-3 ms leaves the intercept of a few us unknown to ~+-10 us
+    noisy = series(0.004, 15e-6, 11e-6, prefixes=(32768, 65536, 131072, 200000))
+    noisy = [
+        replace(r, median_ms=r.median_ms * (1 + e))
+        for r, e in zip(noisy, (0.01, -0.01, 0.01, -0.01), strict=True)
+    ]
+    f = fit_rows(noisy)
+    assert f.fixed_se_ms > 0.005
+    near = series(0.0156, 0.48e-6, 0.356e-6)
+    near = [
+        replace(r, median_ms=r.median_ms * (1 + e))
+        for r, e in zip(near, (0.01, -0.01, 0.01, -0.01, 0.01), strict=True)
+    ]
+    assert fit_rows(near).fixed_se_ms < 0.0005
+
+
+def _side(rows, sha: str):
+    from harness.compare import Side
+    from harness.results import Results
+
+    results = Results(
+        kind="sweep",
+        created_utc="2026-01-01T00:00:00+00:00",
+        command="python -m harness sweep --grid default",
+        git={"sha": sha * 40, "dirty": False},
+        environment={"gpu": {"name": "NVIDIA H200"}},
+        sweep=rows,
+    )
+    return Side(sha, results)
+
+
+def test_compare_shows_each_series_fixed_cost_change_beside_the_verdicts_and_does_not_gate_it(
+    tmp_path: Path,
+) -> None:
+    from harness.compare import compare_results, format_terminal, render_html
+
+    base = _side(series(0.0156, 0.48e-6, 0.356e-6) + series(0.02, 1e-6, 0.7e-6, num_heads=64), "a")
+    head = _side(series(0.0186, 0.48e-6, 0.356e-6) + series(0.02, 1e-6, 0.7e-6, num_heads=16), "b")
+    c = compare_results(base, head)
+    assert len(c.scaling) == 1  # H=8 fitted on both sides; H=64 and H=16 on one side each
+    (change,) = c.scaling
+    assert 1000 * (change.head.fixed_ms - change.base.fixed_ms) == pytest.approx(3.0)
+    text = format_terminal(c)
+    assert "fixed cost and steady rate" in text and "15.6 -> 18.6" in text and "+3.0 ± 0.0" in text
+    assert "74.2 -> 74.2" in text
+    page = render_html(c)
+    assert "Fixed cost and steady rate" in page and "15.6 -&gt; 18.6" in page
+    # three samples a row decide no verdict (NOISY): the +3 us of fixed cost alone gates nothing
+    assert {v.verdict for v in c.timing if v.decision.base and v.decision.head} == {"NOISY"}
+    assert c.regressions == [] and "no regression" in text
+
+
+def test_compare_of_runs_without_common_series_shows_no_fit_table() -> None:
+    from harness.compare import compare_results, format_terminal, render_html
+
+    base = _side(series(0.01, 1e-6, 0.5e-6, prefixes=(4096, 65536)), "a")
+    head = _side(series(0.01, 1e-6, 0.5e-6, prefixes=(4096, 65536)), "b")
+    c = compare_results(base, head)
+    assert c.scaling == ()
+    assert "fixed cost and steady rate" not in format_terminal(c)
+    assert "Fixed cost and steady rate" not in render_html(c)
