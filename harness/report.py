@@ -422,8 +422,7 @@ def summary_table(results: Results, mode: str) -> str:
 
 
 def scaling_table(results: Results) -> str:
-    """Per series of prefix lengths: the least-squares fixed cost and steady rate
-    (:mod:`harness.scaling`)."""
+    """Per series of prefix lengths: the fitted fixed cost and steady rate (:mod:`harness.scaling`)."""
     rows = records(fits(results))
     if not rows:
         return ""

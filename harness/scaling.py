@@ -2,16 +2,16 @@
 
 A sweep times each implementation at several prefix lengths with everything else the same (batch,
 heads, tree size, tree, layout, mode): a *series*. Per series with at least ``MIN_PREFIXES``
-distinct prefix lengths, the line through the medians
+distinct prefix lengths, a line through the medians,
 
-    median_ms ~= fixed_ms + ms_per_key * P
+    median_ms ~= fixed_ms + ms_per_key * P,
 
-that least relative residuals give (least squares weighted by 1 / median^2: the medians span
-orders of magnitude and their noise is a share of each)
 splits the time into what a call costs whatever its prefix (the launches, the start, the merge of
 the splits, the timing's own floor: an empty kernel between the same two events, the run's
-``empty_kernel_ms``) and what each key of the prefix adds. The same line through the rows'
-roofline floors gives the floor's rate, and with it:
+``empty_kernel_ms``) and what each key of the prefix adds. The line is the one of least relative
+residuals (least squares weighted by 1 / median^2): the medians span orders of magnitude and
+their noise is a share of each. The same line through the rows' roofline floors gives the
+floor's rate, and with it:
 
 * ``steady_pct``: 100 x floor's rate / the implementation's rate, the % of the floor that long
   prefixes approach (what the kernel's loop sustains once the fixed cost no longer counts);
@@ -25,12 +25,14 @@ roofline floors gives the floor's rate, and with it:
   median, which says how far the line describes the series (a change of tile config or of cold-L2
   method along the prefixes shows here).
 
-The report shows the fits (``harness/report.py``); ``python -m harness report --scaling PATH``
-prints them. Nothing here is stored: the fits are recomputed from ``results.json``.
+The report shows the fits (``harness/report.py``), ``python -m harness report --scaling PATH``
+prints them, and ``harness compare`` shows each series' fit in both runs beside its verdicts (not
+gated). Nothing here is stored: the fits are recomputed from ``results.json``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -120,8 +122,15 @@ def _usable(row: SweepRow) -> bool:
     return row.status == "ok" and bool(row.samples_ms) and row.median_ms > 0 and row.tp_rank is None
 
 
+def _hashable(value: Any) -> Any:
+    # The grids' params are numbers and strings; anything else (a list) keys by its JSON text.
+    return (
+        value if isinstance(value, (int, float, str, bool, type(None))) else json.dumps(value, sort_keys=True)
+    )
+
+
 def series_key(row: SweepRow) -> tuple:
-    params = tuple(sorted((k, v) for k, v in row.params.items() if k != "prefix_len"))
+    params = tuple(sorted((k, _hashable(v)) for k, v in row.params.items() if k != "prefix_len"))
     return (row.impl, row.mode, params)
 
 

@@ -233,3 +233,9 @@ def test_compare_of_runs_without_common_series_shows_no_fit_table() -> None:
     assert c.scaling == ()
     assert "fixed cost and steady rate" not in format_terminal(c)
     assert "Fixed cost and steady rate" not in render_html(c)
+
+
+def test_a_list_valued_param_keys_its_series_by_value() -> None:
+    rows = series(0.01, 1e-6, 0.5e-6, extra=[1, 2]) + series(0.02, 1e-6, 0.5e-6, extra=[3])
+    got = sorted(1000 * f.fixed_ms for f in fits(rows))
+    assert got == pytest.approx([10.0, 20.0])
