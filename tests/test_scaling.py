@@ -239,3 +239,22 @@ def test_a_list_valued_param_keys_its_series_by_value() -> None:
     rows = series(0.01, 1e-6, 0.5e-6, extra=[1, 2]) + series(0.02, 1e-6, 0.5e-6, extra=[3])
     got = sorted(1000 * f.fixed_ms for f in fits(rows))
     assert got == pytest.approx([10.0, 20.0])
+
+
+def test_a_sweep_prints_its_fits_after_the_report_s_path(tmp_path: Path, capsys) -> None:
+    from harness import sweep
+
+    run = load_results(SWEEP)
+    assert sweep.write_sweep_report(run, str(tmp_path / "run"), "quick") == 1  # its error row
+    out = capsys.readouterr().out
+    assert "fixed cost and steady rate per series of prefix lengths" in out
+    assert text_table(fits(run)) in out
+
+
+def test_a_sweep_without_series_prints_no_fit_table(tmp_path: Path, capsys) -> None:
+    from harness import sweep
+
+    run = load_results(SWEEP)
+    run = replace(run, sweep=[r for r in run.sweep if r.params["prefix_len"] != 262144])
+    sweep.write_sweep_report(run, str(tmp_path / "run"), "quick")
+    assert "fixed cost" not in capsys.readouterr().out
