@@ -129,7 +129,8 @@ from harness.results import (
     results_files_under,
     results_from_bytes,
 )
-from harness.scaling import FitChange, aligned, change_records, fit_changes
+from harness.scaling import FitChange, change_records, fit_changes, text_rows
+from harness.text import columns
 
 DEFAULT_MIN_CHANGE = 0.03
 ALPHA = 0.01
@@ -878,15 +879,6 @@ def _sorted(verdicts: Iterable[Any]) -> list[Any]:
     return sorted(verdicts, key=lambda v: SEVERITY.index(v.verdict))
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
-
-    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
-
-
 SCALING_TITLE = "fixed cost and steady rate per series of prefix lengths (each run's fit, harness/scaling.py)"
 
 
@@ -910,7 +902,7 @@ def format_terminal(c: Comparison) -> str:
             ]
             for v in _sorted(c.parity)
         ]
-        out += ["", "parity", _table(["verdict", "bundle", "impl", "base", "head", "reason"], rows)]
+        out += ["", "parity", columns(["verdict", "bundle", "impl", "base", "head", "reason"], rows)]
     if c.timing:
         rows = [
             [
@@ -927,9 +919,9 @@ def format_terminal(c: Comparison) -> str:
             for v in _sorted(c.timing)
         ]
         header = ["verdict", "case", "impl", "mode", "base ms", "head ms", "change", "p", "reason"]
-        out += ["", f"timing (median ms; minimum effect {100 * c.min_change:.3g} %)", _table(header, rows)]
+        out += ["", f"timing (median ms; minimum effect {100 * c.min_change:.3g} %)", columns(header, rows)]
     if c.scaling:
-        out += ["", f"{SCALING_TITLE} (shown, not gated)", aligned(change_records(c.scaling))]
+        out += ["", f"{SCALING_TITLE} (shown, not gated)", text_rows(change_records(c.scaling))]
     out += [f"note: {n}" for n in c.notes]
     if c.environment_diff:
         out += ["", "environment differences"] + [f"  {k}: {b} -> {h}" for k, b, h in c.environment_diff]

@@ -46,7 +46,6 @@ from harness.results import (
     RESULTS_FILE,
     Results,
     ResultsError,
-    SweepRow,
     atomic_write_text,
     check_types,
     compress_results,
@@ -117,11 +116,6 @@ def _png(fig: Any) -> str:
 # Sweep: frames, tables, plots
 
 
-def timed(row: SweepRow) -> bool:
-    """A row with samples to show: not an error row, and not a side that could not run."""
-    return row.status == "ok" and bool(row.samples_ms) and row.median_ms > 0
-
-
 def sweep_frame(results: Results, include_ranks: bool = False) -> pd.DataFrame:
     """One row per sweep row (index = its position in ``results.sweep``): its fields, its params
     as columns, and ``n`` (sample count). Tensor-parallel rank rows (H/N heads on one GPU) are
@@ -141,7 +135,7 @@ def sweep_frame(results: Results, include_ranks: bool = False) -> pd.DataFrame:
             bandwidth_gbs=r.bandwidth_gbs,
             tflops=r.tflops,
             throttled=r.throttled,
-            timed=timed(r),
+            timed=r.timed,
             note=r.note,
             repro=r.repro,
             cold_l2=r.cold_l2,
@@ -295,7 +289,7 @@ def speedup_plots(results: Results, mode: str = "cold") -> list[dict[str, str]]:
     geometric mean per facet with its min..max."""
     impls = impl_order(results)
     order = {c: i for i, c in enumerate(case_order(results))}
-    by_case = {(r.case_id, r.impl): r for r in results.sweep if r.mode == mode and timed(r)}
+    by_case = {(r.case_id, r.impl): r for r in results.sweep if r.mode == mode and r.timed}
     keys = facet_keys(results)
     out = []
     colors = _colors(impls)
@@ -405,7 +399,7 @@ def summary_table(results: Results, mode: str) -> str:
             column = html.escape(impl)
             if r is None:
                 rec[column] = _num(None)
-            elif not timed(r):
+            elif not r.timed:
                 rec[column] = f'<div class="num">{_pill("error", "bad")}</div>'
             else:
                 floor = "" if r.pct_of_floor is None else f"{r.pct_of_floor:.3g} % of floor"
@@ -415,7 +409,7 @@ def summary_table(results: Results, mode: str) -> str:
                 )
         lead = got.get(impls[0])
         for other in impls[1:]:
-            value = lead.speedup.get(other) if lead is not None and timed(lead) else None
+            value = lead.speedup.get(other) if lead is not None and lead.timed else None
             rec[f"{html.escape(impls[0])}<br>over {html.escape(other)}"] = _num(value, ".3g", "x")
         records.append(rec)
     return _table(pd.DataFrame.from_records(records))
@@ -616,7 +610,7 @@ def context(results: Results) -> dict[str, Any]:
     from markupsafe import Markup
 
     sweep = results.sweep
-    errors = [r for r in sweep if not timed(r)]
+    errors = [r for r in sweep if not r.timed]
     throttled = [r for r in sweep if r.throttled]
     modes = list(dict.fromkeys(r.mode for r in sweep))
     parity = parity_tables(results)

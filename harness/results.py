@@ -104,6 +104,11 @@ class SweepRow:
     # "wgmma-ws" or, on sm_120, "small" / "small-m32" chosen per call); "" where it does not.
     impl_config: str = ""
 
+    @property
+    def timed(self) -> bool:
+        """A row with samples to show: not an error row, and not a side that could not run."""
+        return self.status == "ok" and bool(self.samples_ms) and self.median_ms > 0
+
 
 # ---------------------------------------------------------------------------------------------
 # Field types: what the report and compare read each field as. Checked where a field is present;

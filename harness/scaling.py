@@ -38,9 +38,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.results import Results, SweepRow
+from harness.text import columns
 
 MIN_PREFIXES = 3
-# The params that name a series besides its implementation and mode: all but the prefix length.
+# How a series' label writes these params (the others by value; its prefix lengths are its points).
 SERIES_LABEL = {"batch_size": "B", "num_heads": "H", "tree_size": "T"}
 
 
@@ -119,7 +120,7 @@ def intercept_se(xs: Sequence[float], ys: Sequence[float], weights: Sequence[flo
 
 def _usable(row: SweepRow) -> bool:
     # Timed rows of whole calls: a TP rank row times one GPU's share, its step row the call.
-    return row.status == "ok" and bool(row.samples_ms) and row.median_ms > 0 and row.tp_rank is None
+    return row.timed and row.tp_rank is None
 
 
 def _hashable(value: Any) -> Any:
@@ -230,7 +231,7 @@ def text_table(found: Sequence[ScalingFit]) -> str:
     rows = records(found)
     if not rows:
         return f"no series with {MIN_PREFIXES} or more prefix lengths"
-    return aligned(rows)
+    return text_rows(rows)
 
 
 @dataclass(frozen=True)
@@ -277,10 +278,6 @@ def change_records(changes: Sequence[FitChange]) -> list[dict[str, str]]:
     ]
 
 
-def aligned(rows: Sequence[dict[str, str]]) -> str:
-    """Rows of text as aligned columns under their keys."""
-    cols = list(rows[0])
-    width = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols}
-    lines = ["  ".join(c.ljust(width[c]) for c in cols), "  ".join("-" * width[c] for c in cols)]
-    lines += ["  ".join(r[c].ljust(width[c]) for c in cols).rstrip() for r in rows]
-    return "\n".join(lines)
+def text_rows(rows: Sequence[dict[str, str]]) -> str:
+    """Records of text (all with the same keys) as aligned columns under their keys."""
+    return columns(list(rows[0]), [list(r.values()) for r in rows])

@@ -1,0 +1,16 @@
+"""Plain-text tables for the command line (compare's verdicts, the scaling fits)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def columns(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """``rows`` under ``header`` in left-aligned columns two spaces apart, a rule of dashes
+    between them; trailing spaces dropped."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
