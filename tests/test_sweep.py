@@ -149,6 +149,13 @@ def test_default_grid_covers_every_axis_of_the_design() -> None:
     assert len({p.batch_size for p in params}) > 1 and len({p.tree for p in params}) > 1
 
 
+def test_default_grid_times_the_tp8_serving_shape_alone_and_in_batches() -> None:
+    # H=8 T=16 is a Kimi-K2 rank's call at TP8: B=1 among the targets, B=2-8 in "serving-h8".
+    ids = {c.params.case_id for c in load_grid("default").plan(KNOWN) if c.runs}
+    wanted = {f"B{b}-P{p}-T16-H8-shuffled" for b in (1, 2, 4, 8) for p in (32768, 65536)}
+    assert wanted <= ids, sorted(wanted - ids)
+
+
 GRID = """
 description = "test"
 [timing]
