@@ -569,12 +569,25 @@ class _LineProgress:
         print(f"{self.desc}: {self.done}/{self.total} {self.what}, ~{left:.0f} s left", file=sys.stderr)
 
 
+# Seconds between a bar's refreshes when stderr is a file (a bring-up step's log, CI's output):
+# there every refresh stays in the file, and one per finished run filled ~30 KB of each sweep log.
+FILE_REFRESH_S = 10.0
+
+
 def progress_bar(total: int, desc: str) -> Any:
     try:
         from tqdm import tqdm
     except ImportError:
         return _LineProgress(total, desc)
-    return tqdm(total=total, unit="run", desc=desc, dynamic_ncols=True)
+    if sys.stderr.isatty():
+        return tqdm(total=total, unit="run", desc=desc, dynamic_ncols=True)
+
+    class FileBar(tqdm):
+        # The case about to run shows at the next timed refresh, not in a refresh of its own.
+        def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+            super().set_postfix_str(s, refresh=False)
+
+    return FileBar(total=total, unit="run", desc=desc, dynamic_ncols=True, mininterval=FILE_REFRESH_S)
 
 
 def run_sweep(opts: SweepOptions, command: str) -> Results:

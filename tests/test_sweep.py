@@ -715,3 +715,36 @@ def test_a_report_that_cannot_be_shown_is_an_error_that_says_where_the_results_a
     err = capsys.readouterr().err
     assert "error: the report could not be written" in err and "results.unshown.json" in err
     assert (tmp_path / "run" / "results.unshown.json").is_file()
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _bar_output(stream: io.StringIO, monkeypatch: pytest.MonkeyPatch, runs: int = 200) -> tuple[float, str]:
+    monkeypatch.setattr(sys, "stderr", stream)
+    bar = sweep.progress_bar(runs, "sweep t")
+    for i in range(runs):
+        bar.set_postfix_str(f"case {i}")
+        bar.update()
+    bar.close()
+    return bar.mininterval, stream.getvalue()
+
+
+def test_progress_bar_into_a_file_refreshes_every_few_seconds_not_every_run(monkeypatch) -> None:
+    pytest.importorskip("tqdm")
+    interval, text = _bar_output(io.StringIO(), monkeypatch)
+    assert interval == sweep.FILE_REFRESH_S
+    # 200 runs in well under 10 s: the bar's first and last states only
+    assert text.count("sweep t:") <= 3 and "200/200" in text
+
+
+def test_progress_bar_on_a_terminal_keeps_tqdms_refresh(monkeypatch) -> None:
+    pytest.importorskip("tqdm")
+    interval, text = _bar_output(_Terminal(), monkeypatch)
+    assert interval == 0.1 and "200/200" in text
