@@ -1362,24 +1362,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
 #ifndef VA_Q_FRAGMENT_LOADS
       mbar_wait(bar_q_read, 0);  // Q's staging rows read (kernel/NOTES.md, v60)
 #endif
-#ifdef VA_TILES_1_2_TOGETHER
 #pragma unroll 1
       for (int t = 1; t < kStages; ++t) {
         if (t < num_tiles) load_tile(fetch_slots(t), t);
         cp_async_commit();
       }
-#else
-      // Tile 1 alone, then tiles 2.. once it has landed (kernel/NOTES.md, v75): tile 1 is
-      // announced at the loop's top, and copies issued behind it would stall there until the
-      // SM has room for them.
-#pragma unroll 1
-      for (int t = 1; t < kStages; ++t) {
-        const Slots slots = fetch_slots(t);  // tile 2's: their round trip under tile 1's wait
-        if (t == 2) cp_async_wait<0>();
-        if (t < num_tiles) load_tile(slots, t);
-        cp_async_commit();
-      }
-#endif
     }
     for (int tile = 0; tile < num_tiles; ++tile) {
       const auto next_slots = fetch_slots(tile + kStages);  // consumed under this tile's PV
