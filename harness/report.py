@@ -33,8 +33,8 @@ import argparse
 import base64
 import html
 import io
-import re
 import math
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
