@@ -129,7 +129,7 @@ from harness.results import (
     results_files_under,
     results_from_bytes,
 )
-from harness.scaling import FitChange, change_records, fit_changes, text_rows
+from harness.scaling import TITLE, FitChange, change_records, fit_changes, text_rows
 from harness.text import columns
 
 DEFAULT_MIN_CHANGE = 0.03
@@ -879,7 +879,7 @@ def _sorted(verdicts: Iterable[Any]) -> list[Any]:
     return sorted(verdicts, key=lambda v: SEVERITY.index(v.verdict))
 
 
-SCALING_TITLE = "fixed cost and steady rate per series of prefix lengths (each run's fit, harness/scaling.py)"
+SCALING_TITLE = f"{TITLE} (each run's fit, harness/scaling.py)"
 
 
 def format_terminal(c: Comparison) -> str:

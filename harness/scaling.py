@@ -41,6 +41,8 @@ from harness.results import Results, SweepRow
 from harness.text import columns
 
 MIN_PREFIXES = 3
+# What the fits are called where a sweep's end and compare print them.
+TITLE = "fixed cost and steady rate per series of prefix lengths"
 # How a series' label writes these params (the others by value; its prefix lengths are its points).
 SERIES_LABEL = {"batch_size": "B", "num_heads": "H", "tree_size": "T"}
 

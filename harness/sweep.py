@@ -732,7 +732,7 @@ def write_sweep_report(results: Results, out: str | None, grid_label: str) -> in
     """Write the run's report (``out`` or reports/<time>-sweep-<grid>-<gpu>-<sha7>/), list the
     error rows; exit status 1 if there are any."""
     from harness.report import write_run  # pandas and jinja2 load only when a report is written
-    from harness.scaling import fits, text_table
+    from harness.scaling import TITLE, fits, text_table
 
     gpu = results.environment.get("gpu") or {}
     out_dir = (
@@ -750,9 +750,7 @@ def write_sweep_report(results: Results, out: str | None, grid_label: str) -> in
     print(f"{len(results.sweep)} rows, {len(errors)} errors -> {shown(out_dir / 'index.html')}")
     found = fits(results)
     if found:
-        print(
-            f"\nfixed cost and steady rate per series of prefix lengths (report --scaling):\n{text_table(found)}"
-        )
+        print(f"\n{TITLE} (report --scaling):\n{text_table(found)}")
     for r in errors:
         print(f"  error {r.case_id} {r.impl} {r.mode}: {r.note}", file=sys.stderr)
     return 1 if errors else 0
