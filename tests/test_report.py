@@ -131,10 +131,20 @@ def test_sweep_rows_show_sm_clock_and_temperature_before_and_after(sweep_html: s
     assert "1980→1755, 52→71" in throttled and "throttled" in throttled
 
 
+def test_table_cells_of_one_plain_element_are_written_as_cells_of_its_class(sweep_html: str) -> None:
+    # the numbers are right-aligned cells (the td rule outranks a bare `.num` rule), not a div in
+    # a cell; a cell of two elements, a pill or a note keeps its elements
+    assert not re.search(r'<td><div class="num">[^<]*</div></td>', sweep_html)
+    assert "<td><span>" not in sweep_html and '<td><div class="num">' in sweep_html
+    assert '<td class="num">' in sweep_html and '<td class="mono">' in sweep_html
+    assert "table.data td.num { text-align: right;" in sweep_html
+    assert '<td><span class="pill' in sweep_html
+
+
 def test_ceilings_of_a_run_before_the_empty_kernel_was_timed_show_a_dash() -> None:
     html = ceilings_table({"copy_bandwidth_gbs": 4000.0, "bf16_tflops": 800.0, "method": "m"})
     row = html[html.index("empty kernel between the events") :].split("</tr>")[0]
-    assert '<div class="num muted">-</div>' in row
+    assert '<td class="num muted">-</td>' in row
 
 
 def test_sweep_page_shows_environment_and_ceilings(sweep_html: str) -> None:
