@@ -712,7 +712,7 @@ __device__ __forceinline__ void copy_row_line(uint32_t dst_tile, int r, int u, i
 // and QK of the split is done, as fp16 (half_partials): each 256-dim half row (one warpgroup's)
 // divided by its own power of two above its largest |value|, so the values sit in (-1, 1) with
 // 11 significant bits, and the scale goes beside the lse. The rows go to the free KV stages
-// (padded to 1040 B: conflict-free `stmatrix` blocks, v76), then all 256 threads copy the valid rows out,
+// (padded to 1040 B: conflict-free 4-byte stores), then all 256 threads copy the valid rows out,
 // 16 bytes each an instruction (512 contiguous bytes a warp): ~0.6 us less than one 1 KB bulk copy
 // a row, which the bulk-copy unit issued at ~45 ns each (kernel/NOTES.md, v17).
 // Against fp32 partials: half the bytes written here and read by the combine, 2-3 us less on the
@@ -733,8 +733,6 @@ __device__ __forceinline__ void store_partial_half(const Params& p, const WorkIt
   const float sc_lo = half_scale(a_lo * inv_lo), sc_hi = half_scale(a_hi * inv_hi);
   const float mul_lo = inv_lo / sc_lo, mul_hi = inv_hi / sc_hi;  // exact: sc is a power of two
   named_bar_sync(bar, 256);  // both halves' PV done reading the stages (QK was done before P)
-#ifdef VA_PARTIAL_STAGE_WORDS
-  // v69's staging, one 4-byte store a pair (kernel/NOTES.md, v76)
   __half* lo = reinterpret_cast<__half*>(smem_base) + r_lo * kRowHalves + half * 256 + (lane % 4) * 2;
   __half* hi = lo + 8 * kRowHalves;
 #pragma unroll
@@ -742,27 +740,6 @@ __device__ __forceinline__ void store_partial_half(const Params& p, const WorkIt
     *reinterpret_cast<__half2*>(lo + j * 8) = __floats2half2_rn(o[j][0] * mul_lo, o[j][1] * mul_lo);
     *reinterpret_cast<__half2*>(hi + j * 8) = __floats2half2_rn(o[j][2] * mul_hi, o[j][3] * mul_hi);
   }
-#else
-  {
-    // The pairs are in stmatrix's fragment layout: one stmatrix.x4 writes the 8 x 8 blocks
-    // {rows 0-7, columns 8 j}, {rows 8-15, the same}, then the next 8 columns of the warp's 16
-    // rows. Lane l gives row l % 8 (+8 for l / 8 odd) of block j + l / 16; the 1040-byte pitch
-    // puts a block's 8 rows in 8 different 16-byte bank groups (kernel/NOTES.md, v76).
-    auto h2 = [](float a, float b) {
-      const __half2 v = __floats2half2_rn(a, b);
-      return *reinterpret_cast<const uint32_t*>(&v);
-    };
-    const int row = (r_lo - lane / 4) + (lane & 7) + ((lane >> 3) & 1) * 8;
-    const uint32_t addr = smem_addr(smem_base) + (row * kRowHalves + half * 256 + (lane >> 4) * 8) * 2;
-#pragma unroll
-    for (int j = 0; j < 32; j += 2)
-      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr + j * 16),
-                   "r"(h2(o[j][0] * mul_lo, o[j][1] * mul_lo)), "r"(h2(o[j][2] * mul_hi, o[j][3] * mul_hi)),
-                   "r"(h2(o[j + 1][0] * mul_lo, o[j + 1][1] * mul_lo)),
-                   "r"(h2(o[j + 1][2] * mul_hi, o[j + 1][3] * mul_hi))
-                   : "memory");
-  }
-#endif
   named_bar_sync(bar, 256);
   const int64_t slot = w.partial_base + w.local;
   {
