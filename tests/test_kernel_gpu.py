@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fuzz_env import CONFIG_SEEDS, SEED_VAR, fuzz_seed, fuzz_settings
 
 from harness.batch import QK_DIM, VerifyBatch
 from harness.oracle import reference
@@ -250,24 +251,20 @@ def test_planned_config_names_what_each_call_runs() -> None:
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_fuzz_against_oracle(config: str) -> None:
-    """160 random batches per config; 'auto' is wgmma-ws or wgmma-ws-pipe on an H100/H200 and
-    mma.sync elsewhere, 'small' and 'small-m32' are the sm_120 tile configs run here."""
+    """160 random batches per config (tests/fuzz_env.py: more, or other draws, from the
+    environment); 'auto' is wgmma-ws or wgmma-ws-pipe on an H100/H200 and mma.sync elsewhere,
+    'small' and 'small-m32' are the sm_120 tile configs run here."""
     _needs_config(config)
-    seeds = {
-        "auto": 1234,
-        "wgmma-ws": 2468,
-        "wgmma-ws-pipe": 9753,
-        "wgmma": 5678,
-        "large": 8765,
-        "small": 4321,
-        "small-m32": 3579,
-    }
-    rng = random.Random(seeds[config])
+    try:
+        cases, offset = fuzz_settings()
+    except ValueError as e:
+        pytest.fail(str(e), pytrace=False)
+    rng = random.Random(fuzz_seed(CONFIG_SEEDS[config], offset))
     device = torch.device("cuda")
-    for i in range(160):
+    for i in range(cases):
         batch = random_batch(rng, device)
         out, lse = run_kernel(batch, config=config)
-        assert_close(out, lse, batch, f"case {i} {describe(batch)} config={config}")
+        assert_close(out, lse, batch, f"case {i} ({SEED_VAR}={offset}) {describe(batch)} config={config}")
 
 
 @pytest.mark.parametrize("config", CONFIGS)
