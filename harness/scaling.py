@@ -106,13 +106,15 @@ def line(
     return my - slope * mx, slope
 
 
-def intercept_se(xs: Sequence[float], ys: Sequence[float], weights: Sequence[float]) -> float:
-    """Standard error of the weighted least-squares intercept, from the residuals (n - 2 degrees
-    of freedom; needs three or more points)."""
+def intercept_se(
+    xs: Sequence[float], ys: Sequence[float], weights: Sequence[float], fit: tuple[float, float]
+) -> float:
+    """Standard error of the weighted least-squares intercept of ``fit`` (its :func:`line` of the
+    same points), from the residuals (n - 2 degrees of freedom; needs three or more points)."""
     n = len(xs)
     if n < 3:
         raise ValueError("intercept_se: need three or more points")
-    a, b = line(xs, ys, weights)
+    a, b = fit
     s2 = sum(w * (y - a - b * x) ** 2 for w, x, y in zip(weights, xs, ys, strict=True)) / (n - 2)
     sw = sum(weights)
     swx = sum(w * x for w, x in zip(weights, xs, strict=True))
@@ -152,7 +154,7 @@ def fit_rows(rows: Sequence[SweepRow]) -> ScalingFit | None:
     # each, so that unweighted, the longest prefix's few-% noise would set the fixed cost.
     weights = [1.0 / y**2 for y in ys]
     fixed, rate = line(xs, ys, weights)
-    fixed_se = intercept_se(xs, ys, weights)
+    fixed_se = intercept_se(xs, ys, weights, (fixed, rate))
     worst = max(abs(y - (fixed + rate * x)) / y for x, y in zip(xs, ys, strict=True))
     floor_fixed = floor_rate = None
     if all(r.floor_ms is not None and r.floor_ms > 0 for r in rows):
@@ -206,11 +208,14 @@ def half_floor_text(f: ScalingFit) -> str:
     return f"P >= {round(p, -2):,.0f}{beyond}"
 
 
+def _pct_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def records(found: Sequence[ScalingFit]) -> list[dict[str, str]]:
     """One table row of text per fit (the report's table and the CLI's)."""
     out = []
     for f in found:
-        steady = f.steady_pct
         out.append(
             {
                 "implementation": f.impl,
@@ -220,7 +225,7 @@ def records(found: Sequence[ScalingFit]) -> list[dict[str, str]]:
                 "prefixes": f"{prefix_text(f.prefixes[0])}-{prefix_text(f.prefixes[-1])} ({len(f.prefixes)})",
                 "fixed us": f"{1000 * f.fixed_ms:.1f} ± {1000 * f.fixed_se_ms:.1f}",
                 "us per 1k keys": f"{1e6 * f.ms_per_key:.3g}",
-                "steady % of floor": "-" if steady is None else f"{steady:.1f}",
+                "steady % of floor": _pct_text(f.steady_pct),
                 "50 % of floor from": half_floor_text(f),
                 "worst residual %": f"{f.worst_residual_pct:.1f}",
             }
@@ -258,10 +263,6 @@ def fit_changes(base: Iterable[SweepRow], head: Iterable[SweepRow]) -> list[FitC
         if b is not None:
             out.append(FitChange(base=b, head=f))
     return out
-
-
-def _pct_text(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
 
 
 def change_records(changes: Sequence[FitChange]) -> list[dict[str, str]]:
