@@ -20,7 +20,10 @@ floor's rate, and with it:
   it never does (a steady rate below 50 %). It is the fit's, not a measured row's: below it, a
   call's % of floor is bound by its fixed cost, however fast the loop;
 * ``fixed_se_ms``: the fixed cost's standard error from the residuals: a series whose shortest
-  prefix already costs far more than the fixed cost extrapolates it from afar, and shows it here;
+  prefix already costs far more than the fixed cost extrapolates it from afar, and shows it here.
+  A fixed cost within two standard errors of zero is *unresolved* (``fixed_resolved``): the line
+  says nothing about it, and so nothing about where it crosses 50 % of the floor, which the
+  tables then write as unresolved rather than a prefix derived from noise;
 * ``worst_residual_pct``: the largest distance of a measured median from the line, in % of that
   median, which says how far the line describes the series (a change of tile config or of cold-L2
   method along the prefixes shows here).
@@ -69,8 +72,15 @@ class ScalingFit:
         return 100.0 * self.floor_ms_per_key / self.ms_per_key
 
     @property
+    def fixed_resolved(self) -> bool:
+        """Whether the fixed cost stands at least two standard errors from zero (module doc)."""
+        # A nanosecond of slack: an exact line's zero fixed cost and zero error, in floats.
+        return 2.0 * self.fixed_se_ms <= abs(self.fixed_ms) + 1e-6
+
+    @property
     def half_floor_prefix(self) -> float | None:
-        """Prefix length from which the line is within 2x the floor's line (see the module doc)."""
+        """Prefix length from which the line is within 2x the floor's line (see the module doc);
+        it rests on the fixed cost, so it means something only where ``fixed_resolved``."""
         if self.floor_ms_per_key is None or self.floor_fixed_ms is None:
             return None
         over = self.fixed_ms - 2.0 * self.floor_fixed_ms  # the line's excess at P = 0
@@ -199,6 +209,8 @@ def prefix_text(p: int) -> str:
 
 
 def half_floor_text(f: ScalingFit) -> str:
+    if not f.fixed_resolved:
+        return "- (fixed cost unresolved)"
     p = f.half_floor_prefix
     if p is None:
         return "never" if f.floor_ms_per_key is not None else "-"

@@ -188,6 +188,25 @@ def test_the_fixed_cost_s_error_is_zero_on_a_line_and_large_when_extrapolated_fr
     assert fit_rows(near).fixed_se_ms < 0.0005
 
 
+def test_a_fixed_cost_within_two_errors_of_zero_is_unresolved_and_gives_no_half_floor_prefix() -> None:
+    # Four heavy prefixes with +-1 % noise: the intercept (4 us) is lost in a +-10 us error, and a
+    # prefix "from which 50 % is reached" computed from it would be noise; the table says so.
+    noisy = series(0.004, 15e-6, 11e-6, prefixes=(32768, 65536, 131072, 200000))
+    noisy = [
+        replace(r, median_ms=r.median_ms * (1 + e))
+        for r, e in zip(noisy, (0.01, -0.01, 0.01, -0.01), strict=True)
+    ]
+    f = fit_rows(noisy)
+    assert not f.fixed_resolved
+    assert half_floor_text(f) == "- (fixed cost unresolved)"
+    assert records([f])[0]["50 % of floor from"] == "- (fixed cost unresolved)"
+    # The same line measured from short prefixes up resolves it, and the prefix is given again.
+    clean = fit_rows(series(0.004, 15e-6, 11e-6))
+    assert clean.fixed_resolved and half_floor_text(clean) == "P >= 600"
+    # A fixed cost of exactly zero on an exact line is resolved (zero error), not unresolved.
+    assert fit_rows(series(0.0, 0.5e-6, 0.4e-6)).fixed_resolved
+
+
 def _side(rows, sha: str):
     from harness.compare import Side
     from harness.results import Results
