@@ -60,9 +60,9 @@ def verify_attention(
                           16-byte aligned (a fresh tensor does; a view at an odd offset may not).
         validate:         also check what needs the device data (indptr monotonic and consistent,
                           T_b >= 1, slots inside the pool, every draft token sees itself). This copies
-                          the indptrs and the tree mask to the host (a sync), so it is skipped while
-                          the stream is captured into a CUDA graph; pass False in hot loops once the
-                          inputs are known good. Shape, dtype and device checks always run.
+                          the indptrs, the tree mask and kv_indices' min and max to the host (a
+                          sync), so it is skipped while the stream is captured into a CUDA graph;
+                          pass False in hot loops once the inputs are known good. Shape, dtype and device checks always run.
                           Unvalidated, kv_indices, tree_mask and q may run past their indptrs'
                           last entries (over-allocated buffers): the kernel reads only what the
                           indptrs address, and rows of out and lse past qo_indptr[-1] are not
@@ -82,10 +82,11 @@ def verify_attention(
                           call: the one whose busiest SM has less work as the plan lays the call
                           out (rows = tokens x heads, KV indices, the SM count; a row of M=32
                           weighs 1.2 rows of M=48, and M=48's fixed part 60 keys of its tile),
-                          e.g. on 132 SMs M=32 for up to 64 rows, for 128 rows up to ~40k keys,
-                          256 rows up to ~13k and 4096 rows (128 tiles fill the GPU, 86 M=48
-                          tiles do not), M=48 for longer 128- and 256-row calls and for 512-1024
-                          rows.
+                          e.g. on 132 SMs M=32 for up to 32 rows and for 49-64 rows at any
+                          length, for 33-48 rows up to ~13k keys, 128 rows up to ~40k, 256 rows
+                          up to ~13k, 512 rows up to ~3.5k, 1024 rows up to ~1.8k, and 4096 rows
+                          (128 tiles fill the GPU, 86 M=48 tiles do not); M=48 for the longer
+                          calls of those row counts.
 
     Returns:
         (out [N, H, 512] bf16, lse [N, H] fp32): lse is the natural log of each row's softmax

@@ -2,7 +2,7 @@
 
 The module name carries a hash of the sources, the target archs and the flags, so two
 revisions of the kernel (an A/B run) or two arch lists never share a build. Builds land in
-``$VERIFY_ATTN_BUILD_DIR`` or ``~/.cache/verify-attention/<name>``.
+``$VERIFY_ATTN_BUILD_DIR/<name>`` (default ``~/.cache/verify-attention/<name>``).
 
 Tuning builds: ``$VERIFY_ATTN_EXTRA_CUDA_FLAGS`` (e.g. ``-DVA_WS_BLOCK_N=32``) is appended to the nvcc
 flags and is part of the hash, so variants coexist. ``EXTRA_CUDA_FLAGS`` below is appended after it:
