@@ -117,6 +117,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from harness.cli import check_out_dir
 from harness.results import (
     ParityRow,
     Results,
@@ -818,6 +819,18 @@ def history_pairs(folder: Path) -> list[tuple[Side, Side]]:
     ]
 
 
+def untracked_note(folder: Path) -> str:
+    """Where ``--history`` found no pair: how many results files under ``folder`` it left out
+    because git ignores them (empty when none)."""
+    left_out = len(results_files_under(folder)) - len(tracked_results(folder))
+    if left_out <= 0:
+        return ""
+    return (
+        f" ({left_out} results file(s) there are ignored by git and left out: the history reads "
+        "committed or committable runs only; compare two runs as BASE HEAD instead)"
+    )
+
+
 def resolve_pairs(base_arg: str, head_arg: str, *, cwd: Path | None = None) -> list[tuple[Side, Side]]:
     """The (BASE, HEAD) runs named by two command-line arguments (see the module docstring)."""
     cwd = Path.cwd() if cwd is None else cwd
@@ -1083,7 +1096,11 @@ class Waiver:
         def same(prefix: str, side: Side) -> bool:
             sha = side.results.git.get("sha") if isinstance(side.results.git, dict) else None
             dirty = isinstance(side.results.git, dict) and bool(side.results.git.get("dirty"))
-            return bool(sha) and not dirty and str(sha).startswith(prefix)
+            if not sha or dirty:
+                return False
+            # A run may store 7 digits and the waiver give 40, or the other way round.
+            sha = str(sha)
+            return sha.startswith(prefix) or (len(sha) >= 7 and prefix.startswith(sha))
 
         k = head.key
         return (
@@ -1109,8 +1126,8 @@ def load_waivers(path: Path) -> list[Waiver]:
     """The ``[[waiver]]`` entries of a TOML file; CompareError naming the entry and field when one
     is malformed."""
     try:
-        data = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise CompareError(f"waivers {path}: cannot read it as TOML: {e}") from e
     unknown = set(data) - {"waiver"}
     if unknown:
@@ -1211,7 +1228,15 @@ def _report(
             base, head, min_change=args.min_change, impls=args.impls, gated_impls=args.gate_impls
         )
         c = apply_waivers(c, waivers)
+        if not matched(c) and not c.regressions and args.history is None:
+            raise CompareError(
+                f"{base.label} and {head.label} have no case or parity row in common"
+                + (f" among --impls {','.join(args.impls)}" if args.impls else "")
+                + ": the comparison would vouch for nothing"
+            )
         print(format_terminal(c))
+        if not matched(c) and not c.regressions:
+            print(f"{head.key}: no case or parity row in common with {base.label}: nothing compared\n")
         print(f"html: {write_html(c, args.out)}\n")
         regressions += len(c.regressions)
     if regressions:
@@ -1219,7 +1244,37 @@ def _report(
     return 1 if regressions else 0
 
 
+def matched(c: Comparison) -> int:
+    """How many parity rows and timed cases the two runs of ``c`` both have."""
+    one_side = (BASE_ONLY, HEAD_ONLY, NO_DATA)
+    return sum(v.base is not None and v.head is not None for v in c.parity) + sum(
+        v.verdict not in one_side for v in c.timing
+    )
+
+
+def check_impl_names(pairs: Sequence[tuple[Side, Side]], args: argparse.Namespace) -> None:
+    """CompareError when a name of ``--impls`` or a pattern of ``--gate-impls`` matches no
+    implementation of the runs compared: a typo there would compare or gate nothing, silently."""
+    found = {r.impl for pair in pairs for side in pair for r in (*side.results.parity, *side.results.sweep)}
+    known = ", ".join(sorted(found)) or "none"
+    for option, names, hit in (
+        ("--impls", args.impls, lambda n: n in found),
+        ("--gate-impls", args.gate_impls, lambda g: any(fnmatch.fnmatchcase(i, g) for i in found)),
+    ):
+        missing = [n for n in names or () if not hit(n)]
+        if missing:
+            raise CompareError(
+                f"{option} {','.join(missing)}: matches no implementation of the runs compared "
+                f"(they have: {known})"
+            )
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        check_out_dir(args.out)
+    except ValueError as e:
+        print(f"compare: {e}", file=sys.stderr)
+        return 2
     try:
         if args.history is not None:
             if args.base or args.head:
@@ -1230,6 +1285,7 @@ def run(args: argparse.Namespace) -> int:
             if not pairs:
                 print(
                     f"compare --history {args.history}: no GPU model, kind and grid has two runs; nothing to compare"
+                    + untracked_note(Path(args.history))
                 )
                 return 0
         else:
@@ -1240,6 +1296,7 @@ def run(args: argparse.Namespace) -> int:
             pairs = resolve_pairs(args.base, args.head)
             for base, head in pairs:
                 check_comparable(base, head, force=args.force)
+        check_impl_names(pairs, args)
         waivers = load_waivers(args.waivers) if args.waivers is not None else []
         return _report(pairs, args, waivers)
     except (CompareError, ResultsError) as e:

@@ -31,6 +31,17 @@ def timings(median_ms: float, *, seed: int, n: int = 60, rel_noise: float = 0.00
     return [float(f"{v:.4g}") for v in x]
 
 
+# The params every results file's sweep rows carry (harness/results.py SWEEP_PARAMS_REQUIRED).
+PARAMS = {
+    "batch_size": 1,
+    "prefix_len": 1024,
+    "num_heads": 8,
+    "tree_size": 16,
+    "layout": "shuffled",
+    "tree": "eagle",
+}
+
+
 def sweep_row(
     case_id: str, samples: Sequence[float], *, impl: str = "verify-attn-cuda", throttled: bool = False
 ):
@@ -38,7 +49,7 @@ def sweep_row(
     return SweepRow(
         case_id=case_id,
         impl=impl,
-        params={},
+        params=PARAMS,
         mode="cold",
         samples_ms=list(samples),
         median_ms=float(np.median(s)),
@@ -468,11 +479,40 @@ def test_ceilings_within_two_percent_or_missing_get_no_note() -> None:
 
 
 def test_impls_option_restricts_the_gate(tmp_path: Path, out_dir: Path) -> None:
-    base = one_case(0.1, seed=1)
-    head = one_case(0.2, seed=2, sha="b" * 40)
-    a, b = str(save(base, tmp_path / "a")), str(save(head, tmp_path / "b"))
+    # The kernel 10 % slower, the reference the same.
+    a = str(save(_two_impl_results(0.5, 10.0, seed=1), tmp_path / "a"))
+    b = str(save(_two_impl_results(0.55, 10.0, seed=5), tmp_path / "b"))
     assert run_cli(a, b, "--out", str(out_dir), "--impls", "sglang-triton-ps1") == 0
     assert run_cli(a, b, "--out", str(out_dir), "--impls", "verify-attn-cuda") == 1
+
+
+def test_a_name_or_pattern_that_matches_no_implementation_is_refused(
+    tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typo in --impls would compare nothing, and one in --gate-impls gate nothing: both
+    would read "no regression". They are refused, naming the option and the runs' names."""
+    a = str(save(_two_impl_results(0.5, 10.0, seed=1), tmp_path / "a"))
+    b = str(save(_two_impl_results(0.55, 10.0, seed=5), tmp_path / "b"))
+    for option in ("--impls", "--gate-impls"):
+        assert run_cli(a, b, "--out", str(out_dir), option, "verify-attn-cudaa") == 2
+        err = capsys.readouterr().err
+        assert f"{option} verify-attn-cudaa: matches no implementation" in err
+        assert "sglang-triton-ps1, verify-attn-cuda" in err
+    # The same typo in the history gate CI runs.
+    reports = tmp_path / "reports"
+    _slower_history(reports)
+    assert run_cli("--history", str(reports), "--out", str(out_dir), "--gate-impls", "verify-attn-cudaa") == 2
+
+
+def test_two_runs_with_nothing_in_common_are_refused(
+    tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Runs that share no case and no parity row vouch for nothing (e.g. two A/B runs, whose rows
+    are named by their builds): an error, not "no regression"."""
+    a = str(save(make_results({"c": timings(0.1, seed=1)}), tmp_path / "a"))
+    b = str(save(make_results({"d": timings(0.1, seed=2)}, sha="b" * 40), tmp_path / "b"))
+    assert run_cli(a, b, "--out", str(out_dir)) == 2
+    assert "no case or parity row in common" in capsys.readouterr().err
 
 
 def test_min_change_outside_zero_one_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
@@ -801,6 +841,70 @@ def test_a_waiver_never_covers_another_pair_or_an_unnamed_case(
     assert run_cli("--history", str(reports), "--out", str(out_dir), "--waivers", str(waivers)) == 1
 
 
+def test_a_waiver_matches_a_run_whether_either_side_gives_the_short_or_the_full_sha(
+    tmp_path: Path, out_dir: Path
+) -> None:
+    reports = tmp_path / "reports"
+    _slower_history(reports)  # the runs store 40 digits
+    waivers = tmp_path / "w.toml"
+    full = (
+        WAIVER.format(cases='"c cold"')
+        .replace('"1111111"', f'"{"1" * 40}"')
+        .replace('"2222222"', f'"{"2" * 40}"')
+    )
+    waivers.write_text(full)
+    assert run_cli("--history", str(reports), "--out", str(out_dir), "--waivers", str(waivers)) == 0
+    # Runs that store 7 digits (as many committed runs do), a waiver with 40.
+    short = tmp_path / "short"
+    for run in ("r1", "r2"):
+        doc = json.loads((reports / run / "results.json").read_text())
+        doc["git"]["sha"] = doc["git"]["sha"][:7]
+        (short / run).mkdir(parents=True)
+        (short / run / "results.json").write_text(json.dumps(doc))
+    assert run_cli("--history", str(short), "--out", str(out_dir), "--waivers", str(waivers)) == 0
+    # Another commit sharing the first 7 digits is not waived by a 40-digit sha it does not match.
+    waivers.write_text(full.replace(f'"{"2" * 40}"', f'"{"2" * 7 + "3" * 33}"'))
+    assert run_cli("--history", str(reports), "--out", str(out_dir), "--waivers", str(waivers)) == 1
+
+
+def test_a_waivers_file_that_is_not_utf8_text_is_refused_naming_it(
+    tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reports = tmp_path / "reports"
+    _slower_history(reports)
+    waivers = tmp_path / "w.toml"
+    waivers.write_bytes(bytes(range(256)))
+    assert run_cli("--history", str(reports), "--out", str(out_dir), "--waivers", str(waivers)) == 2
+    assert f"waivers {waivers}: cannot read it as TOML" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["file", "file/sub"])
+def test_an_out_that_cannot_be_written_exits_2_before_comparing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    a = str(save(one_case(0.1, seed=1), tmp_path / "a"))
+    b = str(save(one_case(0.1, seed=2, sha="b" * 40), tmp_path / "b"))
+    (tmp_path / "file").write_text("not a folder")
+    assert run_cli(a, b, "--out", str(tmp_path / where)) == 2
+    captured = capsys.readouterr()
+    assert f"compare: --out {tmp_path / where}" in captured.err and captured.out == ""
+
+
+def test_history_over_a_git_ignored_folder_says_its_runs_were_left_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo = git_repo(tmp_path / "repo")
+    (repo / ".gitignore").write_text("reports/_work/\n")
+    for i in (1, 2):
+        save(
+            one_case(0.1 * i, seed=i, sha=str(i) * 40, created=f"2025-01-0{i}T00:00:00Z"),
+            repo / "reports" / "_work" / f"r{i}",
+        )
+    assert run_cli("--history", str(repo / "reports" / "_work"), "--out", str(tmp_path / "html")) == 0
+    out = capsys.readouterr().out
+    assert "nothing to compare (2 results file(s) there are ignored by git and left out" in out
+
+
 @pytest.mark.parametrize(
     "edit, message",
     [
@@ -953,9 +1057,10 @@ def test_gate_impls_takes_shell_patterns(tmp_path: Path, out_dir: Path) -> None:
         run_cli(str(base), str(kernel_slower), "--out", str(out_dir), "--gate-impls", "verify-attn-cuda*")
         == 1
     )
+    # A pattern that matches no implementation of the runs would gate nothing: refused, naming it.
     assert (
         run_cli(str(base), str(kernel_slower), "--out", str(out_dir), "--gate-impls", "verify-attn-cuda-*")
-        == 0
+        == 2
     )
 
 
