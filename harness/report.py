@@ -42,9 +42,10 @@ from typing import Any
 
 import pandas as pd
 
-from harness.compare import RunKey, run_key
+from harness.compare import CompareError, RunKey, run_key, tracked_results
 from harness.results import (
     RESULTS_FILE,
+    SWEEP_PARAMS_REQUIRED,
     Results,
     ResultsError,
     atomic_write_text,
@@ -129,6 +130,14 @@ def _png(fig: Any) -> str:
 # Sweep: frames, tables, plots
 
 
+# The frame's columns besides the params (sweep_frame).
+SWEEP_FRAME_FIELDS = (
+    "case_id", "impl", "mode", "median_ms", "iqr_ms", "min_ms", "max_ms", "n", "floor_ms",
+    "pct_of_floor", "bandwidth_gbs", "tflops", "throttled", "timed", "note", "repro", "cold_l2",
+    "impl_config",
+)  # fmt: skip
+
+
 def sweep_frame(results: Results, include_ranks: bool = False) -> pd.DataFrame:
     """One row per sweep row (index = its position in ``results.sweep``): its fields, its params
     as columns, and ``n`` (sample count). Tensor-parallel rank rows (H/N heads on one GPU) are
@@ -156,6 +165,8 @@ def sweep_frame(results: Results, include_ranks: bool = False) -> pd.DataFrame:
         )
         rec.update({k: v for k, v in r.params.items() if k not in rec})
         records.append(rec)
+    if not records:  # e.g. a TP run of rank rows only: the columns still exist, with no rows
+        return pd.DataFrame(columns=[*SWEEP_FRAME_FIELDS, *SWEEP_PARAMS_REQUIRED])
     return pd.DataFrame.from_records(records, index=index)
 
 
@@ -753,14 +764,27 @@ def prune(root: Path) -> tuple[list[Path], list[str], list[str]]:
     a tensor-parallel one, does not take the page of the default grid's run), and compress those
     runs' ``results.json`` to ``results.json.gz``.
 
+    Only the runs the history gate reads count (:func:`harness.compare.tracked_results`: those
+    git tracks or would track): a run in a git-ignored scratch folder neither takes the newest
+    page from a committed run nor is pruned itself.
+
     Returns (deleted pages and compressed files, warnings about results files that could not be
     read, which are left alone, and one line per run that could not be pruned: its folder and the
     OS error; the other runs are pruned all the same). ResultsError when ``root`` does not exist.
     """
+    root = Path(root)
+    if not root.exists():
+        raise ResultsError(f"{root}: no such file or folder")
+    if not root.is_dir():
+        raise ResultsError(f"--prune {root}: a file; expected the reports folder")
+    try:
+        files = tracked_results(root)
+    except CompareError as e:
+        raise ResultsError(str(e)) from e
     newest: dict[RunKey, tuple[str, Path]] = {}
     runs: list[tuple[RunKey, Path]] = []
     warnings = []
-    for json_path in _run_files(root):
+    for json_path in files:
         try:
             results = load_results(json_path)
         except ResultsError as e:
@@ -829,6 +853,13 @@ def main(args: argparse.Namespace) -> int:
     if args.prune:
         if args.scaling:
             print("error: --prune and --scaling are separate commands; give one", file=sys.stderr)
+            return 2
+        if args.paths:
+            print(
+                f"error: --prune DIR takes no other paths (got {' '.join(args.paths)}); "
+                "render them in a command of their own",
+                file=sys.stderr,
+            )
             return 2
         return _main_prune(Path(args.prune))
     if args.scaling:

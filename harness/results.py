@@ -34,6 +34,7 @@ import math
 import os
 import re
 import tempfile
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -183,10 +184,13 @@ SWEEP_PARAMS_TYPES: dict[str, FieldType] = {
     "impl": STRING,
 }
 
+SWEEP_PARAMS_REQUIRED = ("batch_size", "prefix_len", "num_heads", "tree_size", "layout", "tree")
+
 SWEEP_ROW_TYPES: dict[str, FieldType] = {
     "case_id": STRING,
     "impl": STRING,
-    "params": _object(SWEEP_PARAMS_TYPES),
+    # The params every grid case has (harness/cases.py), which tables, plots and fits key on.
+    "params": _object(SWEEP_PARAMS_TYPES, required=SWEEP_PARAMS_REQUIRED),
     "mode": STRING,
     "samples_ms": _list(NUMBER, "a list of numbers"),
     "median_ms": NUMBER,
@@ -305,9 +309,10 @@ class Results:
             raise ResultsError(f"{source}: expected a JSON object at the top level, got {type(d).__name__}")
         if d.get("schema") != SCHEMA:
             raise ResultsError(f"{source}: 'schema' is {d.get('schema')!r}, expected {SCHEMA!r}")
-        if d.get("schema_version") != SCHEMA_VERSION:
+        version = d.get("schema_version")
+        if type(version) is not int or version != SCHEMA_VERSION:  # true == 1 in Python
             raise ResultsError(
-                f"{source}: 'schema_version' is {d.get('schema_version')!r}, this reader handles {SCHEMA_VERSION}"
+                f"{source}: 'schema_version' is {version!r}, this reader handles {SCHEMA_VERSION}"
             )
         for key in ("kind", "created_utc", "command", "git", "environment"):
             if key not in d:
@@ -423,11 +428,11 @@ def results_from_bytes(data: bytes, source: str) -> Results:
     """A results file's bytes (gzip-compressed or not) as Results; ``source`` names it in errors."""
     try:
         text = (gzip.decompress(data) if data[:2] == GZIP_MAGIC else data).decode("utf-8")
-    except (OSError, EOFError, UnicodeDecodeError) as e:
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as e:
         raise ResultsError(f"{source}: not a readable results file (truncated or corrupt?): {e}") from e
     try:
         d = json.loads(text)
-    except json.JSONDecodeError as e:
+    except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError; so are huge ints
         raise ResultsError(f"{source}: not valid JSON (truncated or corrupt?): {e}") from e
     return Results.from_json(d, source=source)
 

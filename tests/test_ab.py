@@ -303,7 +303,10 @@ def test_samples_per_round_gives_each_side_twice_the_grid_minimum() -> None:
 def side_rows(label: str, median_ms: float, seed: int, mode: str = "cold") -> ab.SideRows:
     rng = np.random.default_rng(seed)
     samples = list(median_ms * (1 + rng.gamma(2.0, 0.002, 48)))
-    params = {"batch_size": 1, "prefix_len": 65536, "impl": "verify-attn-cuda"}
+    params = {
+        **CaseParams(batch_size=1, prefix_len=65536, num_heads=8, tree_size=16).to_json(),
+        "impl": "verify-attn-cuda",
+    }
     return ab.SideRows("B1-P65536-T16-H8-shuffled", params, mode, label, samples, 10, 20)
 
 

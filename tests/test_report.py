@@ -30,6 +30,10 @@ from harness.report import (
 )
 from harness.results import ParityRow, ResultsError, load_results
 
+# Pruning asks git which runs count: git must reach the tests' own folders, whatever GIT_DIR the
+# caller set.
+pytestmark = pytest.mark.usefixtures("own_git_repositories")
+
 DATA = Path(__file__).parent / "data"
 SWEEP = DATA / "sweep-h200" / "results.json"
 PARITY = DATA / "parity-cpu" / "results.json"
@@ -425,6 +429,31 @@ def test_prune_keeps_the_newest_page_per_grid(tmp_path: Path) -> None:
     assert changed == [old_quick / "index.html", old_quick / "results.json.gz"]
     assert warnings == [] == failures
     assert all((r / "index.html").exists() for r in (default, quick, tp))
+
+
+def test_prune_counts_only_the_runs_git_tracks_or_would_track(tmp_path: Path) -> None:
+    """A newer run in a git-ignored scratch folder neither takes the page from the newest
+    committed run nor is pruned itself (the runs the history gate reads are the ones that count)."""
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("_work/\n")
+    old = _run(tmp_path, "a", SWEEP, "2025-11-01T00:00:00+00:00", "NVIDIA H200")
+    new = _run(tmp_path, "b", SWEEP, "2025-11-02T00:00:00+00:00", "NVIDIA H200")
+    scratch = _run(tmp_path / "_work", "c", SWEEP, "2025-11-03T00:00:00+00:00", "NVIDIA H200")
+    scratch_old = _run(tmp_path / "_work", "d", SWEEP, "2025-10-03T00:00:00+00:00", "NVIDIA H200")
+    changed, warnings, failures = prune(tmp_path)
+    assert changed == [old / "index.html", old / "results.json.gz"] and warnings == [] == failures
+    assert (new / "index.html").exists() and (new / "results.json").exists()
+    for run in (scratch, scratch_old):
+        assert (run / "index.html").exists() and (run / "results.json").exists()
+
+
+def test_prune_takes_no_other_paths(tmp_path: Path, capsys) -> None:
+    run = _run(tmp_path, "a", SWEEP, "2025-11-01T00:00:00+00:00", "NVIDIA H200")
+    assert cli_main(["report", "--prune", str(tmp_path), str(run)]) == 2
+    assert "--prune DIR takes no other paths" in capsys.readouterr().err
+    assert (run / "index.html").read_text() == "<!doctype html>"
 
 
 def test_prune_twice_changes_nothing_more(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ or compare failed later with a traceback (or, for ``notes``, read a string as a 
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Callable
 from dataclasses import fields
@@ -188,3 +189,52 @@ def test_every_committed_results_file_loads() -> None:
     assert files
     for path in files:
         load_results(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "message"),
+    [
+        ("corrupt-gzip", None, "not a readable results file"),
+        ("huge-integer", b'{"schema": ' + b"9" * 5000 + b"}", "not valid JSON"),
+        ("deep-nesting", b"[" * 100_000, "not valid JSON"),
+    ],
+)
+def test_a_damaged_results_file_is_an_error_naming_it_not_a_traceback(
+    tmp_path: Path, capsys, name: str, data: bytes | None, message: str
+) -> None:
+    if data is None:  # a compressed run with bytes flipped in the middle of its stream
+        raw = bytearray(gzip.compress(SWEEP.read_bytes()))
+        raw[100:200] = bytes(b ^ 0xFF for b in raw[100:200])
+        data = bytes(raw)
+    path = tmp_path / "run" / ("results.json.gz" if name == "corrupt-gzip" else "results.json")
+    path.parent.mkdir()
+    path.write_bytes(data)
+    with pytest.raises(ResultsError, match=message):
+        load_results(path)
+    assert cli_main(["report", str(path)]) == 2
+    assert f"error: {path}: {message}" in capsys.readouterr().err
+
+
+def test_schema_version_true_is_not_version_1(tmp_path: Path) -> None:
+    path = _write(tmp_path, SWEEP, _set("schema_version", value=True))
+    with pytest.raises(ResultsError, match="'schema_version' is True, this reader handles 1"):
+        load_results(path)
+
+
+def test_a_sweep_row_without_the_case_params_is_an_error_naming_the_param(tmp_path: Path) -> None:
+    # Tables, plots and fits key on them: a file without them would load and then fail to render.
+    path = _write(tmp_path, SWEEP, _set("sweep", 0, "params", value={}))
+    with pytest.raises(
+        ResultsError, match=r"sweep\[0\] \(.*\): params has no 'batch_size'; expected an integer"
+    ):
+        load_results(path)
+
+
+def test_a_run_of_tensor_parallel_rank_rows_only_renders(tmp_path: Path) -> None:
+    def ranks_only(doc: dict) -> None:
+        for i, row in enumerate(doc["sweep"]):
+            row["tp_rank"], row["tp_size"] = i % 2, 2
+
+    path = _write(tmp_path, SWEEP, ranks_only)
+    assert cli_main(["report", str(path)]) == 0
+    assert (path.parent / "index.html").is_file()

@@ -298,11 +298,21 @@ def test_a_worker_holds_its_gpus_lock_and_the_boxs_only_without_a_parent(
 # Merging
 
 
+# The params every results file's sweep rows carry (harness/results.py SWEEP_PARAMS_REQUIRED).
+PARAMS = {
+    "batch_size": 1,
+    "prefix_len": 64,
+    "num_heads": 8,
+    "tree_size": 1,
+    "layout": "shuffled",
+    "tree": "eagle",
+}
+
+
 def _row(case_id: str, impl: str = "a", median: float = 1.0, **kw) -> SweepRow:
     samples = kw.pop("samples", [median])
-    return SweepRow(
-        case_id, impl, kw.pop("params", {}), "cold", samples, median, 0.0, median, median, 10, 20, **kw
-    )
+    params = {**PARAMS, **kw.pop("params", {})}
+    return SweepRow(case_id, impl, params, "cold", samples, median, 0.0, median, median, 10, 20, **kw)
 
 
 def _results(rows: list[SweepRow], gpu: dict | None, ceilings: dict | None = None, **kw) -> Results:
