@@ -79,7 +79,7 @@ import torch
 from harness import compare
 from harness.batch import VerifyBatch
 from harness.cases import build_batch
-from harness.cli import check_out_dir
+from harness.cli import check_run_out_dir
 from harness.env import environment, git_info
 from harness.impl_kernel import kernel_call
 from harness.registry import RunFn, impl_config_of
@@ -525,11 +525,10 @@ def run_ab(args: argparse.Namespace) -> int:
     plan = grid.plan([args.impl])
     if not plan:
         raise ABError(f"--grid {args.grid}: no case times {args.impl}")
-    if args.out is not None:
-        try:
-            check_out_dir(args.out)
-        except ValueError as e:  # before the timing, so that a bad --out costs no run
-            raise ABError(str(e)) from e
+    try:
+        check_run_out_dir(args.out, REPORTS_DIR)
+    except ValueError as e:  # before the timing, so that a bad --out costs no run
+        raise ABError(str(e)) from e
     # This checkout's kernel, imported only here so that other commands never depend on it.
     import kernel as head_module
 

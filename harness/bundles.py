@@ -74,6 +74,7 @@ from harness.materialise import (
     sha256_of_bits,
 )
 from harness.oracle import reference
+from harness.results import atomic_write_bytes
 
 SCHEMA_VERSION = 1
 GENERATOR = "verify-attention/bundles"
@@ -523,11 +524,7 @@ def to_bytes(bundle: Bundle) -> bytes:
 def save(bundle: Bundle, path: str | Path) -> Path:
     """Write the bundle atomically (a temp file renamed over ``path``)."""
     path = Path(path)
-    data = to_bytes(bundle)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    atomic_write_bytes(path, to_bytes(bundle))  # a temp file of its own, removed on any error
     return path
 
 

@@ -80,6 +80,16 @@ def check_out_dir(path: Path | str, option: str = "--out") -> Path:
     return path
 
 
+def check_run_out_dir(out: Path | str | None, reports: Path) -> Path | None:
+    """A run's ``--out`` checked by :func:`check_out_dir`, or without one the ``reports`` folder
+    that its own run folder will be made in (the error then says there was no ``--out``). Returns
+    ``out`` as a Path, or None without one. Raises ValueError."""
+    if out:
+        return check_out_dir(out)
+    check_out_dir(reports, "no --out: the reports folder")
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)

@@ -168,14 +168,14 @@ def main(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("error: mma-peak: no CUDA device is visible to torch", file=sys.stderr)
         return 2
-    if args.out:
-        from harness.cli import check_out_dir
+    from harness.cli import check_run_out_dir
+    from harness.results import REPORTS_DIR
 
-        try:
-            check_out_dir(args.out)
-        except ValueError as e:  # before the build and the run, so that a bad --out costs neither
-            print(f"error: mma-peak: {e}", file=sys.stderr)
-            return 2
+    try:
+        check_run_out_dir(args.out, REPORTS_DIR)
+    except ValueError as e:  # before the build and the run, so that a bad --out costs neither
+        print(f"error: mma-peak: {e}", file=sys.stderr)
+        return 2
     device = torch.device("cuda", torch.cuda.current_device())
     props = torch.cuda.get_device_properties(device)
     try:

@@ -34,7 +34,7 @@ import torch
 from harness import mutations, readout
 from harness.batch import V_DIM, VerifyBatch
 from harness.bundles import CANONICAL, Bundle, BundleError, bundle_path, load, to_batch
-from harness.cli import check_out_dir, shown
+from harness.cli import check_run_out_dir, shown
 from harness.env import environment, git_info
 from harness.materialise import PoolMismatchError
 from harness.registry import Implementation, implementations
@@ -267,6 +267,17 @@ def verdict(rows: Sequence[ParityRow], with_mutations: bool) -> tuple[int, list[
     return (1 if failed else 0), notes
 
 
+def command_args(args: argparse.Namespace) -> list[str]:
+    """The run's options as a command line, from the parsed arguments rather than the typed words
+    (an abbreviated ``--bund`` reads as ``--bundles``): ``results.json`` records it, and compare
+    keys a narrowed run (``--bundles``, ``--impls``) apart by it."""
+    out = []
+    for option, value in (("--bundles", args.bundles), ("--impls", args.impls), ("--device", args.device)):
+        if value:
+            out += [option, value]
+    return [*out, "--mutations"] if args.mutations else out
+
+
 def _cmd_parity(args: argparse.Namespace) -> int:
     from harness.report import write_run
 
@@ -275,7 +286,7 @@ def _cmd_parity(args: argparse.Namespace) -> int:
         device = _device(args.device)
         names = _bundle_names(args.bundles)
         impls = _select(_split(args.impls, "--impls"), implementations())
-        out = check_out_dir(args.out) if args.out else None
+        out = check_run_out_dir(args.out, REPORTS_DIR)
     except ValueError as e:
         print(f"parity: {e}", file=sys.stderr)
         return 2
@@ -294,9 +305,7 @@ def _cmd_parity(args: argparse.Namespace) -> int:
     results = Results(
         kind="parity",
         created_utc=now.isoformat(timespec="seconds"),
-        command="python -m harness " + shlex.join(sys.argv[1:])
-        if sys.argv[1:]
-        else "python -m harness parity",
+        command=shlex.join(["python", "-m", "harness", "parity", *command_args(args)]),
         git=git,
         environment=env,
         parity=rows,
@@ -306,7 +315,7 @@ def _cmd_parity(args: argparse.Namespace) -> int:
     out_dir = out or default_out_dir(now, env["gpu"], git)
     try:
         write_run(results, out_dir)
-    except ResultsError as e:
+    except (ResultsError, OSError) as e:
         print(f"parity: the report could not be written: {e}", file=sys.stderr)
         return 1
     print_table(rows)

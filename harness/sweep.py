@@ -81,7 +81,7 @@ import torch
 
 from harness import nvml, registry
 from harness.cases import LAYOUTS, TREE_KINDS, CaseParams, build_batch
-from harness.cli import check_out_dir, positive_number, shown
+from harness.cli import check_run_out_dir, positive_number, shown
 from harness.env import environment, git_info
 from harness.registry import Implementation, RunFn, impl_config_of
 from harness.results import REPORTS_DIR as REPORTS_DIR  # the repository's reports/, from any directory
@@ -322,7 +322,11 @@ def load_grid(grid: str) -> Grid:
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in GRIDS_DIR.glob("*.toml")))
         raise GridError(f"--grid {grid}: no grid file {path}; expected a name among {known} or a .toml path")
-    return parse_grid(path.read_text(encoding="utf-8"), name=path.stem, source=str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise GridError(f"--grid {grid}: cannot read {path} as UTF-8 TOML text: {e}") from e
+    return parse_grid(text, name=path.stem, source=str(path))
 
 
 def run_dir_name(grid: str, gpu_name: str | None, sha: str | None, now: datetime) -> str:
@@ -376,9 +380,8 @@ def nothing_to_time(opts: SweepOptions) -> str:
 def out_problem(out: str | None) -> str:
     """Why the report's folder (``out``, else reports/) cannot be created and written, naming
     --out; "" when it can (:func:`harness.cli.check_out_dir`, before timing)."""
-    folder = Path(out) if out else REPORTS_DIR
     try:
-        check_out_dir(folder, "--out" if out else "no --out: the reports folder")
+        check_run_out_dir(out, REPORTS_DIR)
     except ValueError as e:
         return str(e)
     return ""
@@ -701,6 +704,9 @@ def main(args: argparse.Namespace) -> int:
         except shard.ShardError as e:
             return _error(str(e))
     if args.list:
+        why = nothing_to_time(opts)  # as a run would say it, rather than an empty list
+        if why:
+            return _error(why)
         names = [n for n in registry_names() if impls is None or n in impls]
         for case in grid.plan(names, case_filter=args.case_filter, modes=timed_modes(modes, device)):
             if opts.case_ids is None or case.params.case_id in opts.case_ids:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -300,3 +301,19 @@ def test_generate_into_an_out_that_is_a_file_exits_2_before_generating(
     out.write_text("not a folder")
     assert run_bundles_cli("generate", "--bundles", "smoke", "--out", str(out)) == 2
     assert f"--out {out} is a file; expected a folder" in capsys.readouterr().err
+
+
+def test_save_is_atomic_and_leaves_no_temp_file_when_the_write_fails(
+    tmp_path: Path, bundle: Loader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "smoke.pt"
+    target.write_bytes(b"the previous bundle")
+
+    def no_space(src: str, dst: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", no_space)
+    with pytest.raises(OSError, match="No space left"):
+        bundles.save(bundle("smoke"), target)
+    assert target.read_bytes() == b"the previous bundle"
+    assert [p.name for p in tmp_path.iterdir()] == ["smoke.pt"]

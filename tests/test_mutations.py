@@ -21,6 +21,23 @@ def run(
     return parity.run_one(bundle(name), batch(name), impl)
 
 
+# DESIGN.md section 4's list, each by the mutant (or mutants) that play it here.
+DESIGN_MUTATIONS = {
+    "causal instead of tree mask": {"causal-mask"},
+    "one draft token's mask bit flipped": {"mask-bit-flip", "mask-shows-later"},
+    "first prefix token dropped": {"drop-first-prefix"},
+    "last prefix token dropped": {"drop-last-prefix"},
+    "an off-by-one split boundary": {"split-skip", "split-overlap"},
+    "RoPE part ignored": {"rope-ignored"},
+    "wrong sm_scale": {"wrong-sm-scale"},
+}
+
+
+def test_every_mutation_the_design_requires_is_a_mutant() -> None:
+    """The test below runs whatever MUTANTS holds: this one keeps that list from shrinking."""
+    assert set().union(*DESIGN_MUTATIONS.values()) <= set(mutations.MUTANTS)
+
+
 @pytest.mark.parametrize("mutant", [f"mutant:{m}" for m in mutations.MUTANTS])
 def test_each_mutant_fails_parity_on_a_ci_bundle(
     mutant: str, bundle: Callable[[str], bundles.Bundle], batch: Callable[[str], VerifyBatch]

@@ -80,6 +80,22 @@ def test_lse_is_checked_when_given_and_recorded_as_absent_otherwise(bundle: Load
     assert row.status == "fail" and "lse abs err 0.002 > 0.001" in row.reason
 
 
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda lse: torch.full_like(lse, float("nan")), "lse abs err inf > 0.001"),
+        (lambda lse: lse[:, :3], "lse has shape [4, 3], expected [4, 8]"),
+    ],
+    ids=["never-written", "wrong-shape"],
+)
+def test_an_lse_never_written_or_of_the_wrong_shape_fails(bundle: Loader, make, message: str) -> None:
+    """The kernel's parity entry fills lse with NaN before the call (impl_kernel.py), so that a
+    path which never writes it fails here rather than comparing nothing."""
+    b = bundle("smoke")
+    row = parity.check(b, "x", golden(b), make(b.golden_lse.double().clone()))
+    assert row.status == "fail" and message in row.reason
+
+
 def test_wrong_shape_fails(bundle: Loader) -> None:
     b = bundle("smoke")
     row = parity.check(b, "x", golden(b)[:, :4], None)
@@ -88,11 +104,14 @@ def test_wrong_shape_fails(bundle: Loader) -> None:
 
 def test_swapped_positions_flip_tokens_and_path(bundle: Loader) -> None:
     b = bundle("ragged")
+    assert b.qo_indptr.tolist()[2:5] == [5, 21, 54]
     out = golden(b)
-    out[[20, 21]] = out[[21, 20]]  # two draft tokens of request 2 exchange outputs
+    out[[20, 21]] = out[[21, 20]]  # request 2's last draft token and request 3's root exchange outputs
     row = parity.check(b, "x", out, None)
     assert row.status == "fail"
     assert not row.tokens_match and "2 target tokens differ (first at token 20)" in row.reason
+    # Request 3's walk starts at its root, whose token now differs: its accepted path changes.
+    assert not row.path_match and "accepted path differs in request(s) [3]" in row.reason
 
 
 def test_error_at_the_tolerance_in_the_worst_direction_keeps_every_token(bundle: Loader) -> None:
@@ -175,6 +194,12 @@ def test_verdict_fails_an_uncaught_mutant_or_a_failing_control() -> None:
     assert (
         parity.verdict([*caught, row("control:oracle-bf16", "fail", "ddtree")], with_mutations=True)[0] == 1
     )
+    # A mutant that only errs or cannot run is not caught: parity never compared its output.
+    for status in ("error", "unavailable"):
+        code, notes = parity.verdict(
+            [*caught, row("mutant:b", status), row("mutant:b", "pass", "ddtree")], True
+        )
+        assert code == 1 and "mutants parity did not catch on any bundle: mutant:b" in notes
 
 
 def test_default_out_dir_names_time_device_and_commit() -> None:
@@ -240,6 +265,31 @@ def test_parity_command_with_mutations_records_failing_mutants(tmp_path: Path) -
     assert mutant_rows and any(r.status == "fail" for r in mutant_rows)
     assert {r.status for r in results.parity if r.impl == "control:oracle-bf16"} == {"pass"}
     assert code == 0, results.notes
+
+
+def test_the_recorded_command_spells_out_abbreviated_options(tmp_path: Path) -> None:
+    """argparse takes ``--bund`` for ``--bundles``; results.json records the option's full name,
+    since compare keys a narrowed run (``--bundles smoke``) apart by its recorded command."""
+    assert (
+        run_cli(["parity", "--bund", "smoke", "--impls", "oracle", "--dev", "cpu", "--out", str(tmp_path)])
+        == 0
+    )
+    command = load_results(tmp_path).command
+    assert command == "python -m harness parity --bundles smoke --impls oracle --device cpu"
+    from harness.compare import run_key
+
+    assert run_key(load_results(tmp_path)).grid.startswith("smoke")
+
+
+def test_without_out_a_reports_folder_that_cannot_be_written_exits_2_before_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reports = tmp_path / "reports"
+    reports.write_text("a file where the reports folder should be")
+    monkeypatch.setattr(parity, "REPORTS_DIR", reports)
+    monkeypatch.setattr(parity, "run_parity", no_run)
+    assert run_cli(["parity", "--bundles", "smoke", "--impls", "oracle", "--device", "cpu"]) == 2
+    assert f"no --out: the reports folder {reports} is a file" in capsys.readouterr().err
 
 
 def test_parity_command_rejects_an_unknown_implementation(

@@ -563,6 +563,23 @@ def test_sweep_list_on_the_cpu_shows_only_the_modes_the_cpu_times(
     assert "B2-P64-T4-H8-shuffled: quick-impl (graph), slow-impl (graph)" in capsys.readouterr().out
 
 
+def test_sweep_list_with_nothing_to_list_says_why_as_a_run_would(
+    stand_ins: None, tmp_path: Path, capsys
+) -> None:
+    grid = tmp_path / "cpu.toml"
+    grid.write_text(CPU_GRID)
+    assert cli_main(["sweep", "--grid", str(grid), "--list", "--case-filter", "nomatch"]) == 2
+    captured = capsys.readouterr()
+    assert "no case of grid cpu matches --case-filter 'nomatch'" in captured.err and captured.out == ""
+
+
+def test_a_grid_file_that_is_not_utf8_text_is_an_error_naming_the_option(tmp_path: Path) -> None:
+    grid = tmp_path / "binary.toml"
+    grid.write_bytes(bytes(range(256)))
+    with pytest.raises(GridError, match=rf"--grid {grid}: cannot read {grid} as UTF-8 TOML text"):
+        load_grid(str(grid))
+
+
 def test_sweep_rejects_an_unknown_implementation_name(stand_ins: None, tmp_path: Path, capsys) -> None:
     grid = tmp_path / "cpu.toml"
     grid.write_text(CPU_GRID)
