@@ -83,7 +83,7 @@ from harness.cli import check_run_out_dir
 from harness.env import environment, git_info
 from harness.impl_kernel import kernel_call
 from harness.registry import RunFn, impl_config_of
-from harness.results import REPORTS_DIR, Results, SweepRow, atomic_write_text, write_results
+from harness.results import REPORTS_DIR, Results, SweepRow, atomic_write_text, kept_elsewhere, write_results
 from harness.sweep import GridError, PlannedCase, TimingPolicy, load_grid, with_speedups
 from harness.timing import exclusive_gpu, l2_bytes_of, measure, rotation_sets, round_sig, summarize
 
@@ -343,8 +343,13 @@ def write_report(results: Results, out_dir: Path, min_change: float) -> compare.
         print(f"ab: index.html not rendered: {type(e).__name__}: {e}", file=sys.stderr)
     comparison = compare.compare_results(*split_ab(results), min_change=min_change)
     print(compare.format_terminal(comparison))
-    print(f"html: {compare.write_html(comparison, out_dir)}")
-    write_results(results, json_path)
+    try:
+        print(f"html: {compare.write_html(comparison, out_dir)}")
+        write_results(results, json_path)
+    except OSError as e:  # the folder was probed before the run; it may have filled up since
+        raise ABError(
+            kept_elsewhere(results, f"{out_dir}: cannot write the run there ({e.strerror or e})")
+        ) from e
     return comparison
 
 

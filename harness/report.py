@@ -52,6 +52,7 @@ from harness.results import (
     check_types,
     compress_results,
     is_results_file,
+    kept_elsewhere,
     load_results,
     results_files_under,
     results_in,
@@ -727,8 +728,13 @@ def write_run(results: Results, out_dir: Path) -> Path:
         kept = out_dir / UNSHOWN_FILE
         write_results(results, kept)
         raise ResultsError(f"{e}; the results are kept in {kept}, which no tool reads as a run") from e
-    atomic_write_text(out_dir / "index.html", page)
-    write_results(results, out_dir / RESULTS_FILE)
+    try:
+        atomic_write_text(out_dir / "index.html", page)
+        write_results(results, out_dir / RESULTS_FILE)
+    except OSError as e:  # the folder was probed before the run; it may have filled up since
+        raise ResultsError(
+            kept_elsewhere(results, f"{out_dir}: cannot write the run there ({e.strerror or e})")
+        ) from e
     return out_dir
 
 

@@ -346,6 +346,18 @@ def run_folder(kind: str, gpu_name: str | None, sha: str | None, now: Any) -> Pa
     return REPORTS_DIR / f"{now:%Y%m%dT%H%M%S}-{kind}-{where}-{(sha or 'nogit')[:7]}"
 
 
+def kept_elsewhere(results: Results, why: str) -> str:
+    """``why`` a run could not be written where asked, with where its results are kept instead: a
+    folder of their own under the system's temporary directory, so that a disk that filled up
+    (or a folder made read-only) during a long run does not cost the measurements."""
+    try:
+        kept = Path(tempfile.mkdtemp(prefix="verify-attention-unwritten-")) / RESULTS_FILE
+        write_results(results, kept)
+    except OSError as e:
+        return f"{why}; nor could its results be kept elsewhere ({e.strerror or e})"
+    return f"{why}; its results are kept in {kept} (render it there with `python -m harness report`)"
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so that a crash leaves either the old file or the new one."""
     atomic_write_bytes(path, text.encode("utf-8"))

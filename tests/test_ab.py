@@ -368,6 +368,24 @@ def test_the_report_writes_results_json_last_and_a_cut_short_one_leaves_none(
     assert (cut_short / "index.html").is_file() and not (cut_short / "results.json").exists()
 
 
+def test_a_report_folder_that_fails_mid_write_keeps_the_results_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    def no_space(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(compare, "write_html", no_space)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    results = ab_results(0.11)
+    with pytest.raises(ab.ABError, match="cannot write the run there \\(No space left on device\\)") as e:
+        ab.write_report(results, tmp_path / "run", min_change=0.03)
+    (kept,) = (tmp_path / "tmp").glob("verify-attention-unwritten-*/results.json")
+    assert str(kept) in str(e.value) and load_results(kept).sweep == results.sweep
+
+
 def test_the_default_folder_is_under_the_repository_reports_wherever_it_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,6 +11,7 @@ import base64
 import json
 import re
 import shutil
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -309,9 +310,15 @@ def test_write_run_writes_results_json_last(tmp_path: Path, monkeypatch: pytest.
         raise OSError(28, "No space left on device", str(path))
 
     monkeypatch.setattr(harness.report, "atomic_write_text", no_space)
-    with pytest.raises(OSError, match="No space left"):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    with pytest.raises(ResultsError, match="cannot write the run there \\(No space left on device\\)") as e:
         write_run(load_results(PARITY), tmp_path / "run")
     assert not (tmp_path / "run" / "results.json").exists()
+    # The measurements are not lost: they are kept in a folder of their own, named in the error.
+    (kept,) = (tmp_path / "tmp").glob("verify-attention-unwritten-*/results.json")
+    assert str(kept) in str(e.value)
+    assert load_results(kept).to_json() == load_results(PARITY).to_json()
 
 
 def test_report_cli_regenerates_index_html_from_results_json(tmp_path: Path, capsys) -> None:
