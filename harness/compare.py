@@ -1228,14 +1228,15 @@ def _report(
             base, head, min_change=args.min_change, impls=args.impls, gated_impls=args.gate_impls
         )
         c = apply_waivers(c, waivers)
-        if not matched(c) and not c.regressions and args.history is None:
+        vacuous = not matched(c) and not c.regressions
+        if vacuous and args.history is None:
             raise CompareError(
                 f"{base.label} and {head.label} have no case or parity row in common"
                 + (f" among --impls {','.join(args.impls)}" if args.impls else "")
                 + ": the comparison would vouch for nothing"
             )
         print(format_terminal(c))
-        if not matched(c) and not c.regressions:
+        if vacuous:
             print(f"{head.key}: no case or parity row in common with {base.label}: nothing compared\n")
         print(f"html: {write_html(c, args.out)}\n")
         regressions += len(c.regressions)

@@ -131,7 +131,8 @@ def _png(fig: Any) -> str:
 # Sweep: frames, tables, plots
 
 
-# The frame's columns besides the params (sweep_frame).
+# The frame's columns besides the params (sweep_frame): the row's fields of these names, and ``n``
+# its sample count.
 SWEEP_FRAME_FIELDS = (
     "case_id", "impl", "mode", "median_ms", "iqr_ms", "min_ms", "max_ms", "n", "floor_ms",
     "pct_of_floor", "bandwidth_gbs", "tflops", "throttled", "timed", "note", "repro", "cold_l2",
@@ -148,22 +149,7 @@ def sweep_frame(results: Results, include_ranks: bool = False) -> pd.DataFrame:
         if r.tp_rank is not None and not include_ranks:
             continue
         index.append(i)
-        rec = {
-            k: getattr(r, k) for k in ("case_id", "impl", "mode", "median_ms", "iqr_ms", "min_ms", "max_ms")
-        }
-        rec.update(
-            n=len(r.samples_ms),
-            floor_ms=r.floor_ms,
-            pct_of_floor=r.pct_of_floor,
-            bandwidth_gbs=r.bandwidth_gbs,
-            tflops=r.tflops,
-            throttled=r.throttled,
-            timed=r.timed,
-            note=r.note,
-            repro=r.repro,
-            cold_l2=r.cold_l2,
-            impl_config=r.impl_config,
-        )
+        rec = {k: len(r.samples_ms) if k == "n" else getattr(r, k) for k in SWEEP_FRAME_FIELDS}
         rec.update({k: v for k, v in r.params.items() if k not in rec})
         records.append(rec)
     if not records:  # e.g. a TP run of rank rows only: the columns still exist, with no rows

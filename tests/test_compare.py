@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from harness import compare
+from harness.cases import CaseParams
 from harness.results import ParityRow, Results, SweepRow, compress_results, write_results
 
 # Temporary git repositories: git must reach them, whatever GIT_DIR the caller set.
@@ -31,15 +32,8 @@ def timings(median_ms: float, *, seed: int, n: int = 60, rel_noise: float = 0.00
     return [float(f"{v:.4g}") for v in x]
 
 
-# The params every results file's sweep rows carry (harness/results.py SWEEP_PARAMS_REQUIRED).
-PARAMS = {
-    "batch_size": 1,
-    "prefix_len": 1024,
-    "num_heads": 8,
-    "tree_size": 16,
-    "layout": "shuffled",
-    "tree": "eagle",
-}
+# A case's params, as every results file's sweep rows carry them (SWEEP_PARAMS_REQUIRED).
+PARAMS = CaseParams(batch_size=1, prefix_len=1024, num_heads=8, tree_size=16, tree="eagle").to_json()
 
 
 def sweep_row(

@@ -298,15 +298,8 @@ def test_a_worker_holds_its_gpus_lock_and_the_boxs_only_without_a_parent(
 # Merging
 
 
-# The params every results file's sweep rows carry (harness/results.py SWEEP_PARAMS_REQUIRED).
-PARAMS = {
-    "batch_size": 1,
-    "prefix_len": 64,
-    "num_heads": 8,
-    "tree_size": 1,
-    "layout": "shuffled",
-    "tree": "eagle",
-}
+# A case's params, as every results file's sweep rows carry them (SWEEP_PARAMS_REQUIRED).
+PARAMS = CaseParams(batch_size=1, prefix_len=64, num_heads=8, tree_size=1, tree="eagle").to_json()
 
 
 def _row(case_id: str, impl: str = "a", median: float = 1.0, **kw) -> SweepRow:
