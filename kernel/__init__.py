@@ -42,6 +42,7 @@ def verify_attention(
     lse: torch.Tensor | None = None,
     validate: bool = True,
     config: str = "auto",
+    num_sms: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify attention of a ragged batch of draft trees against their paged prefixes.
 
@@ -87,6 +88,13 @@ def verify_attention(
                           up to ~13k, 512 rows up to ~3.5k, 1024 rows up to ~1.8k, and 4096 rows
                           (128 tiles fill the GPU, 86 M=48 tiles do not); M=48 for the longer
                           calls of those row counts.
+        num_sms:          the SM count the call is laid out for (its splits of the prefix, and
+                          `auto`'s choice between "small" and "small-m32"), 1 to 1024; None (the
+                          default) takes the device's own. Any value gives the same results to
+                          rounding (the splits move, so the bits may differ); another box's count
+                          runs that box's plan here, as the GPU tests do for sm_120 parts (188 SMs
+                          on an RTX PRO 6000, 170 on an RTX 5090). More than the device has runs
+                          the call in more than one wave; fewer leaves SMs idle.
 
     Returns:
         (out [N, H, 512] bf16, lse [N, H] fp32): lse is the natural log of each row's softmax
@@ -98,6 +106,7 @@ def verify_attention(
     Output is bitwise deterministic for identical inputs.
     """
     config_id = _config_id(config)
+    sms = _num_sms_arg(num_sms)
     out, lse = load_extension().verify_attention(
         q,
         kv_cache,
@@ -111,7 +120,7 @@ def verify_attention(
         lse,
         validate,
         config_id,
-        0,
+        sms,
     )
     return out, lse
 
@@ -126,13 +135,32 @@ def _config_id(config: str) -> int:
     return _CONFIGS[config]
 
 
+# The most SMs a call may be laid out for (kMaxPlanSms in csrc/binding.cpp).
+MAX_NUM_SMS = 1024
+
+
+def _num_sms_arg(num_sms: int | None) -> int:
+    """The extension's form of ``num_sms``: 0 for the device's own count."""
+    if num_sms is None:
+        return 0
+    if isinstance(num_sms, bool) or not isinstance(num_sms, int) or not 1 <= num_sms <= MAX_NUM_SMS:
+        raise ValueError(f"num_sms must be None or an int from 1 to {MAX_NUM_SMS}, got {num_sms!r}")
+    return num_sms
+
+
 def planned_config(
-    q: torch.Tensor, kv_indices: torch.Tensor, qo_indptr: torch.Tensor, config: str = "auto"
+    q: torch.Tensor,
+    kv_indices: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    config: str = "auto",
+    num_sms: int | None = None,
 ) -> str:
     """The tile config that ``verify_attention`` runs for these inputs on their device: what
-    ``config`` (default "auto") resolves to, from shapes only (no sync, nothing launched). Raises
-    ValueError for an unknown name and RuntimeError when the device cannot run that config."""
+    ``config`` (default "auto") resolves to, from shapes only (no sync, nothing launched), for a
+    call laid out for ``num_sms`` SMs as ``verify_attention`` takes it. Raises ValueError for an
+    unknown name or a bad ``num_sms``, and RuntimeError when the device cannot run that config."""
     config_id = _config_id(config)
+    sms = _num_sms_arg(num_sms)
     if qo_indptr.dim() != 1 or qo_indptr.numel() < 2:
         raise ValueError(f"qo_indptr must be 1-D [B+1] with B >= 1, got {tuple(qo_indptr.shape)}")
     if not q.is_cuda or q.dim() != 3:
@@ -147,6 +175,7 @@ def planned_config(
         q.shape[1],
         kv_indices.numel(),
         config_id,
+        sms,
     )
     if chosen < 0:
         raise RuntimeError(f"config {config!r} cannot run on {q.device} (its shared memory or architecture)")

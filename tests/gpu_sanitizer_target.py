@@ -3,7 +3,8 @@
 Runs the kernel on the smoke bundle, on a small random ragged batch with a NaN-filled, shuffled
 pool and on one request (also with a kv_indices and a q longer than its indptrs say, unvalidated),
 in every tile config the GPU runs, so memcheck sees every gather, mask and combine path and racecheck sees
-the shared-memory exchanges between warps.
+the shared-memory exchanges between warps. The one request also runs laid out for other SM counts
+(``num_sms``), whose partial workspaces and grids differ from this GPU's.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ def main() -> int:
         outs = [run_kernel(batch, config=config)[0] for batch in (smoke, small, one)]
         outs.append(run_kernel(one, config, validate=False, kv_indices=longer)[0])
         outs.append(run_kernel(one, config, validate=False, q=longer_q)[0][: one.q.shape[0]])
+        # Laid out for the RTX PRO 6000's 188 SMs (more CTAs and partials than this GPU's, in two
+        # waves on an H200) and for one SM (no split).
+        outs += [run_kernel(one, config, num_sms=n)[0] for n in (188, 1)]
         torch.cuda.synchronize()
         for out in outs:
             if not torch.isfinite(out.float()).all():

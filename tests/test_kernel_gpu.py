@@ -115,9 +115,11 @@ def run_kernel(
     q: torch.Tensor | None = None,
     kv_indices: torch.Tensor | None = None,
     extra_mask_words: int = 0,
+    num_sms: int | None = None,
 ):
     """The kernel on ``batch``; q and kv_indices may be given instead of the batch's (longer ones,
-    for over-allocated buffers), and the packed tree mask may get extra words past its indptr."""
+    for over-allocated buffers), the packed tree mask may get extra words past its indptr, and the
+    call may be laid out for another SM count."""
     import kernel
 
     mask, mask_indptr = kernel.pack_parents(batch.parents)
@@ -133,6 +135,7 @@ def run_kernel(
         batch.sm_scale,
         validate=validate,
         config=config,
+        num_sms=num_sms,
     )
 
 
@@ -276,6 +279,60 @@ def test_output_is_bitwise_deterministic(config: str) -> None:
         out, lse = run_kernel(batch, validate=False, config=config)
         assert torch.equal(out.view(torch.int16), first_out.view(torch.int16))
         assert torch.equal(lse.view(torch.int32), first_lse.view(torch.int32))
+
+
+# SM counts of other GPUs, whose plans (the prefix's splits, the grid) this GPU runs through
+# `num_sms`: sm_120's RTX PRO 6000 (188, the target box) and RTX 5090 (170), a B200 (148), an RTX
+# 5080 (84), one SM (no split at all) and the most the API takes (1024).
+OTHER_SM_COUNTS = (188, 170, 148, 84, 1, 1024)
+OTHER_SM_BATCHES = 8
+
+
+@pytest.mark.parametrize("num_sms", OTHER_SM_COUNTS)
+def test_plans_of_other_sm_counts(num_sms: int) -> None:
+    """Every config, laid out for another GPU's SM count, passes against the oracle: a few random
+    batches and P=32k H=8 T=16 (one request split over every SM), twice each, bitwise alike. More
+    SMs than this GPU has runs in more than one wave, which the kernel must not mind."""
+    rng = random.Random(3100 + num_sms)
+    device = torch.device("cuda")
+    batches = [make_batch(rng, device, [32768], [16], 8)]
+    batches += [random_batch(rng, device) for _ in range(OTHER_SM_BATCHES)]
+    for config in ("auto", *gpu_configs()):
+        for i, batch in enumerate(batches):
+            out, lse = (t.clone() for t in run_kernel(batch, config=config, num_sms=num_sms))
+            label = f"batch {i} {describe(batch)} config={config} num_sms={num_sms}"
+            assert_close(out, lse, batch, label)
+            again, again_lse = run_kernel(batch, config=config, validate=False, num_sms=num_sms)
+            assert torch.equal(out.view(torch.int16), again.view(torch.int16)), label
+            assert torch.equal(lse.view(torch.int32), again_lse.view(torch.int32)), label
+
+
+def test_num_sms_reaches_the_plan() -> None:
+    """The control of the test above: `num_sms` is not dropped on the way to the kernel. One SM
+    leaves P=32k H=8 T=16 unsplit (its rows written straight out), this GPU's own count splits it
+    over every SM (fp16 partials merged by the combine): the two cannot agree to the bit on 64k
+    outputs, while each passes the oracle."""
+    batch = make_batch(random.Random(3200), torch.device("cuda"), [32768], [16], 8)
+    for config in ("auto", *gpu_configs()):
+        split, _ = (t.clone() for t in run_kernel(batch, config=config))
+        whole, _ = run_kernel(batch, config=config, num_sms=1)
+        assert not torch.equal(split.view(torch.int16), whole.view(torch.int16)), config
+
+
+def test_the_binding_refuses_a_bad_num_sms() -> None:
+    """The extension's own check, below the Python API's (tests/test_num_sms.py): a caller of the
+    extension gets an error naming num_sms, not a plan for -1 SMs."""
+    import kernel
+
+    args = _good()
+    ext = kernel.load_extension()
+    for bad in (-1, kernel.MAX_NUM_SMS + 1):
+        with pytest.raises(RuntimeError, match="num_sms must be 1 to 1024"):
+            ext.verify_attention(*args.values(), None, None, True, 0, bad)
+        with pytest.raises(RuntimeError, match="num_sms must be 1 to 1024"):
+            ext.planned_config(
+                0, 2, args["q"].shape[0], args["q"].shape[1], args["kv_indices"].numel(), 0, bad
+            )
 
 
 def test_long_prefix_split_is_deterministic_and_correct() -> None:
@@ -603,6 +660,11 @@ BAD_CASES = {
     # Finite and positive as a double, but 0 or inf in the float32 the kernel computes in.
     "sm_scale below float32": (lambda a: _swap(a, sm_scale=1e-50), "sm_scale"),
     "sm_scale above float32": (lambda a: _swap(a, sm_scale=3e38), "sm_scale"),
+    "num_sms zero": (lambda a: _swap(a, num_sms=0), "num_sms must be None or an int from 1 to 1024"),
+    "num_sms beyond any GPU": (
+        lambda a: _swap(a, num_sms=5000),
+        "num_sms must be None or an int from 1 to 1024",
+    ),
 }
 
 

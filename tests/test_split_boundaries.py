@@ -14,7 +14,8 @@ each of its boundaries has a needle on either side.
   1e-2) and its lse by at least ``MIN_MOVE_LSE``: the check below can fail for each boundary of
   every plan, which is the mutation control of this test.
 - ``test_kernel_at_every_split_boundary`` (GPU): the kernel, every config the GPU runs, passes the
-  parity tolerances on these batches.
+  parity tolerances on these batches, laid out for this GPU's SM count and for sm_120 parts'
+  (``num_sms``: 188 and 170), whose splits fall elsewhere.
 
 The bundles do not carry these needles: one at every 16 keys would make them decide most rows, and
 the bundles measure the output where no single key does (bundles/README.md).
@@ -203,9 +204,15 @@ def test_the_moves_are_what_the_oracle_gives_for_a_mutated_batch() -> None:
         assert abs(float(m_lse[ti, hi] - lse[ti, hi])) == pytest.approx(float(dlse[i, j]), rel=1e-3)
 
 
+# The SM counts the GPU test lays the calls out for: this GPU's own, and sm_120's RTX PRO 6000
+# (188, the target box) and RTX 5090 (170), whose splits fall elsewhere (`num_sms`).
+PLAN_SMS = (None, 188, 170)
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("num_sms", PLAN_SMS, ids=lambda n: f"sms-{n or 'own'}")
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"P{list(s.prefix)}-H{s.heads}")
-def test_kernel_at_every_split_boundary(shape: Shape) -> None:
+def test_kernel_at_every_split_boundary(shape: Shape, num_sms: int | None) -> None:
     """Every config passes; and, as the control on the GPU, the kernel given kv_indices that read
     key 16 * 40 - 1 in place of key 16 * 40 of the first request (one boundary key lost, its
     neighbour read twice) fails."""
@@ -215,8 +222,9 @@ def test_kernel_at_every_split_boundary(shape: Shape) -> None:
     shifted = batch.kv_indices.clone()
     shifted[BOUNDARY * 40] = shifted[BOUNDARY * 40 - 1]
     for config in ("auto", *gpu_configs()):
-        out, lse = run_kernel(batch, config=config)
-        assert_close(out, lse, batch, f"{describe(batch)} config={config}")
-        wrong = run_kernel(batch, config=config, validate=False, kv_indices=shifted)
+        label = f"{describe(batch)} config={config} num_sms={num_sms}"
+        out, lse = run_kernel(batch, config=config, num_sms=num_sms)
+        assert_close(out, lse, batch, label)
+        wrong = run_kernel(batch, config=config, validate=False, kv_indices=shifted, num_sms=num_sms)
         with pytest.raises(AssertionError):
-            assert_close(*wrong, batch, f"key {BOUNDARY * 40} read as its neighbour, config={config}")
+            assert_close(*wrong, batch, f"key {BOUNDARY * 40} read as its neighbour, {label}")

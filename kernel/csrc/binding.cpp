@@ -96,6 +96,14 @@ void validate_data(const at::Tensor& q, const at::Tensor& kv_indices, const at::
 // Config ids (va::ConfigId) by name, as kernel/__init__.py spells them.
 constexpr const char* kConfigNames[] = {"auto", "large", "small", "wgmma", "wgmma-ws", "small-m32", "wgmma-ws-pipe"};
 constexpr int64_t kNumConfigs = sizeof(kConfigNames) / sizeof(kConfigNames[0]);
+// The most SMs a call may be laid out for (`num_sms` in kernel/__init__.py, which keeps the same
+// bound): more than any GPU has, and a partial workspace of at most ~135 MB.
+constexpr int64_t kMaxPlanSms = 1024;
+
+void check_num_sms(int64_t num_sms) {
+  VA_CHECK(num_sms >= 0 && num_sms <= kMaxPlanSms, "num_sms must be 1 to ", kMaxPlanSms,
+           " (or 0 / None: the device's own SM count), got ", num_sms);
+}
 
 void check_config(int64_t config) {
   if (config >= 0 && config < kNumConfigs) return;
@@ -110,7 +118,7 @@ std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& 
                                          const at::Tensor& kv_indptr, const at::Tensor& tree_mask,
                                          const at::Tensor& tree_mask_indptr, double sm_scale,
                                          c10::optional<at::Tensor> out_opt, c10::optional<at::Tensor> lse_opt,
-                                         bool validate, int64_t config, int64_t max_partials) {
+                                         bool validate, int64_t config, int64_t num_sms) {
   // q [N, H, 576] bf16, kv_cache [S, 576] or [S, 1, 576] bf16
   VA_CHECK(q.is_cuda(), "q must be a CUDA tensor, got device ", q.device());
   const at::Device device = q.device();
@@ -152,6 +160,7 @@ std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& 
   VA_CHECK(std::isnormal(scale_f) && std::isfinite(scale_f * 1.4426950408889634f), "sm_scale = ", sm_scale,
            " is outside float32's normal range (about 1.2e-38 to 2.3e38) that the kernel computes in");
   check_config(config);
+  check_num_sms(num_sms);
 
   at::Tensor out = out_opt.has_value() ? *out_opt : at::empty({N, H, kVDim}, q.options());
   at::Tensor lse = lse_opt.has_value() ? *lse_opt : at::empty({N, H}, q.options().dtype(at::kFloat));
@@ -170,7 +179,7 @@ std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& 
   va::Plan plan{};
   cudaError_t e = va::make_plan(device.index(), static_cast<int>(B), static_cast<int>(N), static_cast<int>(H),
                                 static_cast<int>(kv_indices.numel()), static_cast<int>(config),
-                                static_cast<int>(max_partials), &plan);
+                                static_cast<int>(num_sms), &plan);
   VA_CHECK(e != cudaErrorNotSupported, "config ", config, " (", kConfigNames[config],
            ") needs a compute capability 9.0 GPU (H100/H200) and a ",
            "build for sm_90a; this build ", va::wgmma_built() ? "has" : "lacks", " sm_90a code and ", device,
@@ -208,8 +217,9 @@ std::string build_info() { return va::build_info(); }
 // The tile config a call of these shapes runs (what `config` resolves to on this device): the
 // same make_plan as the call, so the two cannot disagree. Shapes only; nothing is launched.
 int64_t planned_config(int64_t device_index, int64_t batch, int64_t num_tokens, int64_t num_heads,
-                       int64_t num_kv_indices, int64_t config) {
+                       int64_t num_kv_indices, int64_t config, int64_t num_sms) {
   check_config(config);
+  check_num_sms(num_sms);
   VA_CHECK(batch >= 1 && num_tokens >= batch && num_heads >= 1 && num_kv_indices >= 0,
            "planned_config needs batch >= 1, num_tokens >= batch, num_heads >= 1, num_kv_indices >= 0; got ", batch,
            ", ", num_tokens, ", ", num_heads, ", ", num_kv_indices);
@@ -219,7 +229,8 @@ int64_t planned_config(int64_t device_index, int64_t batch, int64_t num_tokens, 
   va::Plan plan{};
   const cudaError_t e = va::make_plan(static_cast<int>(device_index), static_cast<int>(batch),
                                       static_cast<int>(num_tokens), static_cast<int>(num_heads),
-                                      static_cast<int>(num_kv_indices), static_cast<int>(config), 0, &plan);
+                                      static_cast<int>(num_kv_indices), static_cast<int>(config),
+                                      static_cast<int>(num_sms), &plan);
   if (e == cudaErrorNotSupported || e == cudaErrorInvalidValue) return -1;  // this device cannot run it
   C10_CUDA_CHECK(e);
   return plan.config;
@@ -231,9 +242,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("verify_attention", &verify_attention, "MLA tree verify attention (see kernel/__init__.py)", py::arg("q"),
         py::arg("kv_cache"), py::arg("kv_indices"), py::arg("qo_indptr"), py::arg("kv_indptr"), py::arg("tree_mask"),
         py::arg("tree_mask_indptr"), py::arg("sm_scale"), py::arg("out") = py::none(), py::arg("lse") = py::none(),
-        py::arg("validate") = true, py::arg("config") = 0, py::arg("max_partials") = 0);
+        py::arg("validate") = true, py::arg("config") = 0, py::arg("num_sms") = 0);
   m.def("build_info", &build_info, "kernel configuration and compiler");
   m.def("planned_config", &planned_config, "the tile config a call of these shapes runs on this device (-1: cannot run)",
         py::arg("device_index"), py::arg("batch"), py::arg("num_tokens"), py::arg("num_heads"),
-        py::arg("num_kv_indices"), py::arg("config") = 0);
+        py::arg("num_kv_indices"), py::arg("config") = 0, py::arg("num_sms") = 0);
 }

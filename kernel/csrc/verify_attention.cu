@@ -245,6 +245,9 @@ cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int 
   if (e != cudaSuccess) return e;
   e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (e != cudaSuccess) return e;
+  // A call laid out for another SM count (a box with more or fewer SMs than this device) is laid
+  // out for it throughout: the shape rule below and the split plan alike.
+  if (max_partials > 0) sms = max_partials;
   e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   if (e != cudaSuccess) return e;
   e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
