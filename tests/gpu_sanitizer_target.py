@@ -1,10 +1,12 @@
 """Workload for compute-sanitizer (run by tests/test_kernel_sanitizer.py, not collected by pytest).
 
-Runs the kernel on the smoke bundle, on a small random ragged batch with a NaN-filled, shuffled
-pool and on one request (also with a kv_indices and a q longer than its indptrs say, unvalidated),
-in every tile config the GPU runs, so memcheck sees every gather, mask and combine path and racecheck sees
-the shared-memory exchanges between warps. The one request also runs laid out for other SM counts
-(``num_sms``), whose partial workspaces and grids differ from this GPU's.
+`default`: the kernel on the smoke bundle, on a small random ragged batch with a NaN-filled,
+shuffled pool and on one request (also with a kv_indices and a q longer than its indptrs say,
+unvalidated, and laid out for the RTX PRO 6000's 188 SMs: more CTAs and partials than this GPU's,
+in two waves on an H200), in every tile config the GPU runs, so memcheck sees every gather, mask
+and combine path and racecheck sees the shared-memory exchanges between warps.
+`long`: the same request laid out for one SM (no split: each CTA runs ~95 KV tiles, its stages
+refilled ~47 times). `all`: both.
 """
 
 from __future__ import annotations
@@ -22,28 +24,41 @@ from test_kernel_gpu import gpu_configs, make_batch, random_batch, run_kernel  #
 
 from harness import bundles  # noqa: E402
 
+WORKLOADS = ("default", "long", "all")
 
-def main() -> int:
-    smoke = bundles.to_batch(bundles.load("smoke"), "cuda")
-    small = random_batch(random.Random(99), torch.device("cuda"), work_cap=3e5)
+
+def outputs(workload: str, config: str) -> list[torch.Tensor]:
     one = make_batch(random.Random(98), torch.device("cuda"), [3000], [16], 8)
-    longer = torch.cat([one.kv_indices, one.kv_indices[:500]])
-    longer_q = torch.cat([one.q, one.q[:3]])
-    for config in gpu_configs():
-        outs = [run_kernel(batch, config=config)[0] for batch in (smoke, small, one)]
+    outs = []
+    if workload in ("default", "all"):
+        smoke = bundles.to_batch(bundles.load("smoke"), "cuda")
+        small = random_batch(random.Random(99), torch.device("cuda"), work_cap=3e5)
+        longer = torch.cat([one.kv_indices, one.kv_indices[:500]])
+        longer_q = torch.cat([one.q, one.q[:3]])
+        outs += [run_kernel(batch, config=config)[0] for batch in (smoke, small, one)]
         outs.append(run_kernel(one, config, validate=False, kv_indices=longer)[0])
         outs.append(run_kernel(one, config, validate=False, q=longer_q)[0][: one.q.shape[0]])
-        # Laid out for the RTX PRO 6000's 188 SMs (more CTAs and partials than this GPU's, in two
-        # waves on an H200) and for one SM (no split).
-        outs += [run_kernel(one, config, num_sms=n)[0] for n in (188, 1)]
+        outs.append(run_kernel(one, config, num_sms=188)[0])
+    if workload in ("long", "all"):
+        outs.append(run_kernel(one, config, num_sms=1)[0])
+    return outs
+
+
+def main(argv: list[str]) -> int:
+    workload = argv[0] if argv else "all"
+    if workload not in WORKLOADS:
+        print(f"workload must be one of {WORKLOADS}, got {workload!r}", file=sys.stderr)
+        return 2
+    for config in gpu_configs():
+        outs = outputs(workload, config)
         torch.cuda.synchronize()
         for out in outs:
             if not torch.isfinite(out.float()).all():
                 print(f"non-finite output, config {config}", file=sys.stderr)
                 return 1
-    print("sanitizer workload done")
+    print(f"sanitizer workload {workload} done")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))
