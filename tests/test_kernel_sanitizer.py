@@ -1,18 +1,19 @@
 """compute-sanitizer memcheck and racecheck on a small bundle and small random batches
 (tests/gpu_sanitizer_target.py).
 
-The workload `long` (one request whose CTAs each run ~95 KV tiles, laid out for one SM) runs under
-memcheck whole, and under racecheck without its tracking of asynchronous copies
-(``--racecheck-memcpy-async no``). With that tracking on, racecheck reports WAR hazards between
-the mma.sync loop's PV reads of a KV stage (`ldmatrix .trans`) and the `cp.async` gather that
-refills the stage two tiles later, once a CTA runs more than ~60 tiles (`small-m32`: none at
-13-51 tiles, 4 errors at 63, 6 at 76, and 45,064 and then 5 on two runs of one 95-tile call;
-`large`, with the same loop, none up to 282 tiles). In the machine code every warp consumes those reads (the `HMMA` that takes their
-registers) before the loop's back edge, and the gather is issued after the next tile's CTA
-barrier (`DEPBAR`, `BAR.SYNC 0`, then `LDGSTS`); synccheck is clean, 400 calls of the same call
-agree to the bit and with the fp64 oracle, and a second barrier right after PV (a trial build)
-silences the report. kernel/NOTES.md ("racecheck on long unsplit mma.sync calls") has the
-runs. The rest of racecheck (every other shared-memory access of that call) stays on.
+The workload `long` (one request whose CTAs each run ~95 KV tiles, laid out for one SM) runs
+clean under memcheck. Under racecheck it is an expected failure (xfail, not counted as passed):
+racecheck reports WAR hazards between the mma.sync loop's PV reads of a KV stage (`ldmatrix
+.trans`) and the `cp.async` gather that refills the stage two tiles later, in `small` and
+`small-m32` once a CTA runs more than ~60 tiles (none at 13-51 tiles; 4, 6, 45,064 and then 5
+errors on runs of 63, 76 and twice 95 tiles; `large`, whose loop has the same stages and
+barrier, none up to 282 tiles). The machine code does not allow that order: every warp consumes
+those reads (the `HMMA` that takes their registers) before the loop's back edge, and the gather
+is issued only after the next tile's CTA barrier (`DEPBAR`, `BAR.SYNC 0`, then `LDGSTS`).
+synccheck is clean, 400 calls of the same call agree to the bit and with the fp64 oracle, the
+report stays with racecheck's tracking of asynchronous copies off and with the row groups'
+barriers as immediates, and goes with a second CTA barrier right after PV (trial builds, not
+kept). kernel/NOTES.md ("racecheck on long unsplit mma.sync calls") has the runs.
 """
 
 from __future__ import annotations
@@ -32,21 +33,26 @@ CLEAN = {
     "memcheck": "ERROR SUMMARY: 0 errors",
     "racecheck": "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)",
 }
-# (tool, workload, the tool's extra options)
+LONG_RACECHECK = (
+    "racecheck reports WAR hazards on the mma.sync loop's long unsplit calls that its machine code "
+    "does not allow (this module's docstring; kernel/NOTES.md)"
+)
 RUNS = (
-    ("memcheck", "all", ()),
-    ("racecheck", "default", ()),
-    ("racecheck", "long", ("--racecheck-memcpy-async", "no")),
+    pytest.param("memcheck", "all", id="memcheck-all"),
+    pytest.param("racecheck", "default", id="racecheck-default"),
+    pytest.param(
+        "racecheck", "long", id="racecheck-long", marks=pytest.mark.xfail(reason=LONG_RACECHECK, strict=False)
+    ),
 )
 
 
-@pytest.mark.parametrize("tool,workload,options", RUNS, ids=[f"{t}-{w}" for t, w, _ in RUNS])
-def test_compute_sanitizer_is_clean(tool: str, workload: str, options: tuple[str, ...]) -> None:
+@pytest.mark.parametrize("tool,workload", RUNS)
+def test_compute_sanitizer_is_clean(tool: str, workload: str) -> None:
     exe = shutil.which("compute-sanitizer")
     if exe is None:
         pytest.skip("compute-sanitizer is not on the PATH")
     res = subprocess.run(
-        [exe, "--tool", tool, *options, "--error-exitcode", "3", sys.executable, str(TARGET), workload],
+        [exe, "--tool", tool, "--error-exitcode", "3", sys.executable, str(TARGET), workload],
         capture_output=True,
         text=True,
         timeout=900,
