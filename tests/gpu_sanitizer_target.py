@@ -6,7 +6,8 @@ unvalidated, and laid out for the RTX PRO 6000's 188 SMs: more CTAs and partials
 in two waves on an H200), in every tile config the GPU runs, so memcheck sees every gather, mask
 and combine path and racecheck sees the shared-memory exchanges between warps.
 `long`: the same request laid out for one SM (no split: each CTA runs ~95 KV tiles, its stages
-refilled ~47 times). `all`: both.
+refilled ~47 times). `all`: both. A second argument narrows the configs: `only:a,b` or
+`except:a,b` (tile config names; default every config the GPU runs).
 """
 
 from __future__ import annotations
@@ -44,19 +45,36 @@ def outputs(workload: str, config: str) -> list[torch.Tensor]:
     return outs
 
 
+def pick_configs(arg: str | None) -> tuple[str, ...]:
+    """Every config the GPU runs, narrowed by ``only:a,b`` or ``except:a,b``."""
+    configs = gpu_configs()
+    if arg is None:
+        return configs
+    mode, _, names = arg.partition(":")
+    chosen = set(names.split(","))
+    if mode not in ("only", "except") or not chosen <= set(configs):
+        raise ValueError(f"configs must be only:NAMES or except:NAMES among {configs}, got {arg!r}")
+    return tuple(c for c in configs if (c in chosen) == (mode == "only"))
+
+
 def main(argv: list[str]) -> int:
     workload = argv[0] if argv else "all"
     if workload not in WORKLOADS:
         print(f"workload must be one of {WORKLOADS}, got {workload!r}", file=sys.stderr)
         return 2
-    for config in gpu_configs():
+    try:
+        configs = pick_configs(argv[1] if len(argv) > 1 else None)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    for config in configs:
         outs = outputs(workload, config)
         torch.cuda.synchronize()
         for out in outs:
             if not torch.isfinite(out.float()).all():
                 print(f"non-finite output, config {config}", file=sys.stderr)
                 return 1
-    print(f"sanitizer workload {workload} done")
+    print(f"sanitizer workload {workload} done: {', '.join(configs)}")
     return 0
 
 
