@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,21 +29,26 @@ from harness import bundles  # noqa: E402
 WORKLOADS = ("default", "long", "all")
 
 
-def outputs(workload: str, config: str) -> list[torch.Tensor]:
-    one = make_batch(random.Random(98), torch.device("cuda"), [3000], [16], 8)
-    outs = []
+def calls(workload: str) -> list[Callable[[str], torch.Tensor]]:
+    """The workload's kernel calls, each taking a config and returning the output to check; the
+    inputs are made once, before any config runs."""
+    cuda = torch.device("cuda")
+    one = make_batch(random.Random(98), cuda, [3000], [16], 8)
+    out = []
     if workload in ("default", "all"):
         smoke = bundles.to_batch(bundles.load("smoke"), "cuda")
-        small = random_batch(random.Random(99), torch.device("cuda"), work_cap=3e5)
+        small = random_batch(random.Random(99), cuda, work_cap=3e5)
         longer = torch.cat([one.kv_indices, one.kv_indices[:500]])
         longer_q = torch.cat([one.q, one.q[:3]])
-        outs += [run_kernel(batch, config=config)[0] for batch in (smoke, small, one)]
-        outs.append(run_kernel(one, config, validate=False, kv_indices=longer)[0])
-        outs.append(run_kernel(one, config, validate=False, q=longer_q)[0][: one.q.shape[0]])
-        outs.append(run_kernel(one, config, num_sms=188)[0])
+        out += [lambda c, b=b: run_kernel(b, config=c)[0] for b in (smoke, small, one)]
+        out += [
+            lambda c: run_kernel(one, c, validate=False, kv_indices=longer)[0],
+            lambda c: run_kernel(one, c, validate=False, q=longer_q)[0][: one.q.shape[0]],
+            lambda c: run_kernel(one, c, num_sms=188)[0],
+        ]
     if workload in ("long", "all"):
-        outs.append(run_kernel(one, config, num_sms=1)[0])
-    return outs
+        out.append(lambda c: run_kernel(one, c, num_sms=1)[0])
+    return out
 
 
 def pick_configs(arg: str | None) -> tuple[str, ...]:
@@ -67,8 +73,9 @@ def main(argv: list[str]) -> int:
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2
+    workload_calls = calls(workload)
     for config in configs:
-        outs = outputs(workload, config)
+        outs = [call(config) for call in workload_calls]
         torch.cuda.synchronize()
         for out in outs:
             if not torch.isfinite(out.float()).all():
