@@ -1063,6 +1063,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
         l_lo += sum_lo;
         l_hi += sum_hi;
         rescale = false;
+#ifdef VA_UNIFORM_GROUP_BARRIERS
+        // A build for compute-sanitizer's racecheck only (tests/test_kernel_sanitizer.py): as many
+        // group barriers a tile as the branch below, so that every row group passes the same number.
+        // racecheck reports WAR hazards that the code does not have once the row groups' counts of
+        // named barriers drift apart over a long call (kernel/NOTES.md, "racecheck's report against
+        // a loop outside the kernel"). The shipped build leaves them out: they cost every tile.
+        group_barrier<kSplit>(row_group);
+        group_barrier<kSplit>(row_group);
+#endif
       } else {
         // The group trades its row maxima (in .zw), moves the reference of the rows that passed,
         // and trades P again (in .xy: every warp read the first P before the maxima's barrier).
