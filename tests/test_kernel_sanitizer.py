@@ -22,17 +22,15 @@ against a loop outside the kernel"). So:
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from flagged_build import ROOT, build_with_flags
 
 pytestmark = pytest.mark.gpu
 
-ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "tests" / "gpu_sanitizer_target.py"
 # Each tool's clean summary line (racecheck reports hazards, not an "ERROR SUMMARY").
 CLEAN = {
@@ -70,19 +68,7 @@ def test_compute_sanitizer_is_clean(tool: str, workload: str, configs: str | Non
     exe = shutil.which("compute-sanitizer")
     if exe is None:
         pytest.skip("compute-sanitizer is not on the PATH")
-    env = with_cuda_flags(flags)
-    if flags:  # that build first, outside the tool
-        build = subprocess.run(
-            [sys.executable, "-c", "import kernel; kernel.load_extension()"],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            env=env,
-            cwd=ROOT,
-        )
-        assert build.returncode == 0, (
-            f"the build with {flags} failed:\n{(build.stdout + build.stderr)[-4000:]}"
-        )
+    env = build_with_flags(flags) if flags else None  # that build first, outside the tool
     res = subprocess.run(
         [
             exe,
@@ -104,12 +90,3 @@ def test_compute_sanitizer_is_clean(tool: str, workload: str, configs: str | Non
     assert res.returncode == 0, f"compute-sanitizer {tool} ({workload}) exit {res.returncode}:\n{tail}"
     assert CLEAN[tool] in res.stdout + res.stderr, tail
     assert f"sanitizer workload {workload} done" in res.stdout, tail
-
-
-def with_cuda_flags(flags: str) -> dict[str, str]:
-    """This process's environment with ``flags`` added to the extension's nvcc flags (a build of
-    its own: the flags are part of the build's hash, kernel/build.py)."""
-    env = dict(os.environ)
-    if flags:
-        env["VERIFY_ATTN_EXTRA_CUDA_FLAGS"] = f"{env.get('VERIFY_ATTN_EXTRA_CUDA_FLAGS', '')} {flags}".strip()
-    return env

@@ -501,6 +501,20 @@ __device__ __forceinline__ void plan_warp(const Params& p, int item, BlockPlan* 
 template <class Cfg>
 __device__ __forceinline__ void plan_block(const Params& p, int item, BlockPlan* out) {
   constexpr int kT = Cfg::kThreads;
+#ifdef VA_DELAY_PLAN_PUBLISH_NS
+  // A build for tests only (tests/test_plan_order.py): CTA 0 publishes the plan's entries this
+  // many nanoseconds late, so that a combine let in before they are written reads the previous
+  // call's every time, not once in a while (kernel/NOTES.md, "The wgmma kernel let the combine
+  // read the previous call's plan").
+  if (blockIdx.x == 0) {
+    uint64_t t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+      __nanosleep(1000);
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < static_cast<uint64_t>(VA_DELAY_PLAN_PUBLISH_NS));
+  }
+#endif
   if (p.batch <= 32) {  // one warp, no block barriers (~0.5-1.3 us less on H200, NOTES v12)
     if (threadIdx.x < 32) plan_warp<Cfg>(p, item, out);
     __syncthreads();

@@ -293,9 +293,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
 
   const int item = blockIdx.x;
   __shared__ BlockPlan s_plan;
-  wait_for_primary_grid();   // the kernel before this one in the stream: before any global access
-  allow_dependent_launch();  // the combine
+  wait_for_primary_grid();  // the kernel before this one in the stream: before any global access
+  // The combine may launch once every CTA has allowed it; CTA 0 does only after it has published
+  // the plan's entries, which the few-row combine reads before its griddepcontrol.wait (as the
+  // other main kernels do). Allowing it at entry let the combine read the previous call's entries
+  // and merge partials that this call never wrote (kernel/NOTES.md, "The wgmma kernel let the
+  // combine read the previous call's plan").
+  if (item != 0) allow_dependent_launch();
   plan_block<Cfg>(p, item, &s_plan);
+  if (item == 0) {
+    if (threadIdx.x == 0) __threadfence();  // plan_block's entries (written before its barrier), then:
+    __syncthreads();
+    allow_dependent_launch();
+  }
   if (item >= s_plan.num_items) return;
 
   extern __shared__ __align__(16) unsigned char smem_raw[];  // aligned to 1024 B below

@@ -1,0 +1,28 @@
+"""The few-row combine reads each request's split count and first partial slot before its
+griddepcontrol.wait, so every main kernel's CTA 0 must write them before it lets the combine
+launch. The `wgmma` kernel let it launch at entry: under load a combine read the previous call's
+entries (a GPU test of 188/170/148/84 SMs failed once in a while with wrong rows or an illegal
+address). tests/gpu_plan_order_target.py runs every config on a build where CTA 0 publishes the
+plan 20 us late, so that such a combine reads stale entries on every call, not once in a while
+(kernel/NOTES.md, "The wgmma kernel let the combine read the previous call's plan")."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from flagged_build import ROOT, build_with_flags
+
+pytestmark = pytest.mark.gpu
+
+TARGET = ROOT / "tests" / "gpu_plan_order_target.py"
+DELAY = "-DVA_DELAY_PLAN_PUBLISH_NS=20000"
+
+
+def test_the_combine_reads_this_calls_plan() -> None:
+    env = build_with_flags(DELAY)
+    res = subprocess.run([sys.executable, str(TARGET)], capture_output=True, text=True, timeout=600, env=env)
+    tail = (res.stdout + res.stderr)[-4000:]
+    assert res.returncode == 0, f"exit {res.returncode}:\n{tail}"
+    assert "plan order workload done" in res.stdout and "; 0 calls wrong" in res.stdout, tail
