@@ -1,8 +1,9 @@
 """The few-row combine reads each request's split count and first partial slot before its
 griddepcontrol.wait, so every main kernel's CTA 0 must write them before it lets the combine
-launch. The `wgmma` kernel let it launch at entry: under load a combine read the previous call's
-entries (a GPU test of 188/170/148/84 SMs failed once in a while with wrong rows or an illegal
-address). tests/gpu_plan_order_target.py runs every config on a build where CTA 0 publishes the
+launch. The `wgmma` kernel let it launch at entry: a combine block that started while CTA 0
+planned read the previous call's entries (under `pytest -n 8`,
+test_plans_of_other_sm_counts[84] failed with wrong rows once and with an illegal address
+once). tests/gpu_plan_order_target.py runs every config on a build where CTA 0 publishes the
 plan 20 us late, so that such a combine reads stale entries on every call, not once in a while
 (kernel/NOTES.md, "The wgmma kernel let the combine read the previous call's plan")."""
 
