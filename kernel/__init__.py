@@ -63,7 +63,8 @@ def verify_attention(
                           T_b >= 1, slots inside the pool, every draft token sees itself). This copies
                           the indptrs, the tree mask and kv_indices' min and max to the host (a
                           sync), so it is skipped while the stream is captured into a CUDA graph;
-                          pass False in hot loops once the inputs are known good. Shape, dtype and device checks always run.
+                          pass False in hot loops once the inputs are known good. Shape, dtype
+                          and device checks always run.
                           Unvalidated, kv_indices, tree_mask and q may run past their indptrs'
                           last entries (over-allocated buffers): the kernel reads only what the
                           indptrs address, and rows of out and lse past qo_indptr[-1] are not

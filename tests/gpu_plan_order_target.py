@@ -23,9 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_kernel_gpu import assert_close, describe, gpu_configs, make_batch  # noqa: E402
-
-import kernel  # noqa: E402
+from test_kernel_gpu import assert_close, describe, gpu_configs, make_batch, run_kernel  # noqa: E402
 
 REQUESTS, HEADS, SPLIT_PREFIX, NUM_SMS = 40, 8, 1000, 100
 
@@ -35,22 +33,17 @@ def main() -> int:
     rng = random.Random(41)
     split = make_batch(rng, cuda, [SPLIT_PREFIX] * REQUESTS, [1] * REQUESTS, HEADS)
     unsplit = make_batch(rng, cuda, [0] * REQUESTS, [1] * REQUESTS, HEADS)
-    packed = {id(b): [t.to(cuda) for t in kernel.pack_parents(b.parents)] for b in (split, unsplit)}
     failures = 0
     configs = gpu_configs()
     for config in configs:
-        # The four calls back to back (nothing else allocates between them, so each call's workspace
-        # is the block the one before it used), then the checks.
+        # The four calls back to back (nothing else takes a large block between them, so each
+        # call's workspace is the block the one before it used), then the checks.
         calls = []
         for batch in (split, unsplit, split, unsplit):
-            mask, mask_indptr = packed[id(batch)]
             n, h = batch.q.shape[0], batch.q.shape[1]
             out = torch.full((n, h, 512), float("nan"), dtype=torch.bfloat16, device=cuda)
             lse = torch.full((n, h), float("nan"), dtype=torch.float32, device=cuda)
-            kernel.verify_attention(
-                batch.q, batch.kv_cache, batch.kv_indices, batch.qo_indptr, batch.kv_indptr,
-                mask, mask_indptr, batch.sm_scale, out=out, lse=lse, config=config, num_sms=NUM_SMS,
-            )  # fmt: skip
+            run_kernel(batch, config, num_sms=NUM_SMS, out=out, lse=lse)
             calls.append((batch, out, lse))
         torch.cuda.synchronize()
         for i, (batch, out, lse) in enumerate(calls):

@@ -116,10 +116,12 @@ def run_kernel(
     kv_indices: torch.Tensor | None = None,
     extra_mask_words: int = 0,
     num_sms: int | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
 ):
     """The kernel on ``batch``; q and kv_indices may be given instead of the batch's (longer ones,
-    for over-allocated buffers), the packed tree mask may get extra words past its indptr, and the
-    call may be laid out for another SM count."""
+    for over-allocated buffers), the packed tree mask may get extra words past its indptr, the
+    call may be laid out for another SM count, and it may write into given outputs."""
     import kernel
 
     mask, mask_indptr = kernel.pack_parents(batch.parents)
@@ -136,6 +138,8 @@ def run_kernel(
         validate=validate,
         config=config,
         num_sms=num_sms,
+        out=out,
+        lse=lse,
     )
 
 
