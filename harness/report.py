@@ -5,6 +5,9 @@
                                                 of run folders)
     python -m harness report --scaling PATH     print each run's fixed cost and steady rate per
                                                 series of prefix lengths (harness/scaling.py)
+    python -m harness report --targets PATH     print the kernel's target cases as a markdown
+                                                table, and how many reach the target
+                                                (harness/targets.py; --at-peak TFLOPS)
     python -m harness report --prune reports/   delete index.html of every run but the newest one
                                                 per GPU model, kind and grid, and compress those
                                                 runs' results.json to results.json.gz
@@ -42,6 +45,7 @@ from typing import Any
 
 import pandas as pd
 
+from harness.cli import positive_number
 from harness.compare import CompareError, RunKey, run_key, tracked_results
 from harness.results import (
     RESULTS_FILE,
@@ -59,6 +63,16 @@ from harness.results import (
     write_results,
 )
 from harness.scaling import fits, prefix_text, records, text_table
+from harness.targets import (
+    DEFAULT_PEAK_TFLOPS,
+    any_target,
+    cells,
+    count_line,
+    header,
+    speedup_line,
+    target_rows,
+)
+from harness.targets import markdown as targets_markdown
 
 TEMPLATE = "report.html.j2"
 # Parity rows of these prefixes are controls, not implementations: mutants must fail somewhere,
@@ -437,6 +451,27 @@ def scaling_table(results: Results) -> str:
     return _table(pd.DataFrame.from_records(cells))
 
 
+def targets_section(results: Results, peak_tflops: float = DEFAULT_PEAK_TFLOPS) -> dict[str, str]:
+    """The target cases' table (:mod:`harness.targets`) and its two lines; empty where the run
+    timed the kernel on none of them."""
+    if not results.sweep or not any_target(results):
+        return {"table": "", "count": "", "speedup": "", "peak": f"{peak_tflops:g}"}
+    rows = target_rows(results, peak_tflops)
+    records = []
+    for t in rows:
+        rec = {}
+        for name, (text, hit) in zip(header(peak_tflops), cells(t), strict=True):
+            cell = html.escape(text)
+            rec[html.escape(name)] = f"<b>{cell}</b>" if hit else cell
+        records.append(rec)
+    return {
+        "table": _table(pd.DataFrame.from_records(records)),
+        "count": count_line(results, rows, peak_tflops),
+        "speedup": speedup_line(rows),
+        "peak": f"{peak_tflops:g}",
+    }
+
+
 def _nvml_change(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
     """SM clock (MHz) and temperature (°C) from before the row to after it: ``1980→1755, 52→71``."""
     if not before or not after:
@@ -668,6 +703,7 @@ def context(results: Results) -> dict[str, Any]:
         else [],
         "speedup_plots": speedup_plots(results) if sweep else [],
         "scaling_table": Markup(scaling_table(results)),
+        "targets": {k: Markup(v) if k == "table" else v for k, v in targets_section(results).items()},
         "empty_kernel_us": _empty_kernel_us(results.ceilings or {}),
         "rows_table": Markup(rows_table(results)),
         "environment": Markup(kv_table(results.environment)),
@@ -841,11 +877,46 @@ def _main_scaling(paths: Sequence[str]) -> int:
     return status
 
 
+def _main_targets(paths: Sequence[str], peak_tflops: float) -> int:
+    status = 0
+    for root in paths:
+        try:
+            files = _run_files(Path(root))
+            if not files:
+                raise ResultsError(f"{root}: no results.json (or results.json.gz) found")
+            for json_path in files:
+                results = load_results(json_path)
+                if not results.sweep:
+                    print(f"{json_path}: no sweep rows (a parity run?); no targets to show\n")
+                    continue
+                print(f"{json_path}:\n")
+                print(targets_markdown(results, peak_tflops))
+                print()
+        except ResultsError as e:
+            print(f"error: {e}", file=sys.stderr)
+            status = 2
+    return status
+
+
 def main(args: argparse.Namespace) -> int:
-    if args.prune:
-        if args.scaling:
-            print("error: --prune and --scaling are separate commands; give one", file=sys.stderr)
+    commands = [
+        name
+        for name, given in (("--prune", args.prune), ("--scaling", args.scaling), ("--targets", args.targets))
+        if given
+    ]
+    if len(commands) > 1:
+        print(f"error: {' and '.join(commands)} are separate commands; give one", file=sys.stderr)
+        return 2
+    if args.at_peak is not None and not args.targets:
+        print("error: --at-peak goes with --targets", file=sys.stderr)
+        return 2
+    if args.targets:
+        if not args.paths:
+            print("error: --targets needs a results.json or run folder", file=sys.stderr)
             return 2
+        peak = DEFAULT_PEAK_TFLOPS if args.at_peak is None else args.at_peak
+        return _main_targets(args.paths, peak)
+    if args.prune:
         if args.paths:
             print(
                 f"error: --prune DIR takes no other paths (got {' '.join(args.paths)}); "
@@ -903,5 +974,16 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         "--scaling",
         action="store_true",
         help="print each run's fixed cost and steady rate per series of prefix lengths instead of rendering",
+    )
+    p.add_argument(
+        "--targets",
+        action="store_true",
+        help="print the kernel's target cases (the default grid's targets group) as a markdown table instead of rendering",
+    )
+    p.add_argument(
+        "--at-peak",
+        type=positive_number("TFLOP/s"),
+        metavar="TFLOPS",
+        help=f"with --targets: the fixed bf16 peak of the second %% of floor column (default {DEFAULT_PEAK_TFLOPS:g})",
     )
     p.set_defaults(func=main)

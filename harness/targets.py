@@ -1,0 +1,203 @@
+"""The kernel's performance targets in one table, from a sweep's ``results.json``.
+
+    python -m harness report --targets PATH [--at-peak TFLOPS]
+
+The targets are the cases of the default grid's ``targets`` group (``harness/grids/default.toml``:
+B=1, P in {32k, 64k, 128k, 200k}, H in {8, 16, 64}, T in {16, 64}, EAGLE trees, shuffled slots),
+each to reach >= ``TARGET_PCT`` % of its roofline floor, and P=200k H=8 T=16 to run
+>= ``TARGET_SPEEDUP``x faster than SGLang's Triton kernel timed in the same run. Per target case
+the table gives the kernel's cold row (its tile config, median, % of this board's floor), the
+% of the floor at a fixed bf16 peak (``--at-peak``, 800 TFLOP/s by default: the boards lent for
+the runs measure 736-800, and a fixed peak compares runs across boards), TFLOP/s, the graph row's
+median, and the speedup over each baseline that the run timed on the same case. Below it: how
+many cases reach the target, against either peak, and the speedup target's case.
+
+Rows of a multi-GPU run are read as they are (each case ran on one GPU); the rank rows of a TP run
+are left out and its step rows (the slowest rank per round) read. A case the run lacks, or whose
+row is an error row, is listed as such and counts as not reaching the target. Nothing here gates:
+``harness compare`` is the gate between runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.results import Results, ResultsError, SweepRow
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+GRID_FILE = Path(__file__).parent / "grids" / "default.toml"  # whose targets group is the target cases
+GROUP = "targets"
+IMPL = "verify-attn-cuda"
+BASELINE = "sglang-triton-ps1"
+TARGET_PCT = 50.0
+TARGET_SPEEDUP = 100.0
+SPEEDUP_CASE = {"batch_size": 1, "prefix_len": 200000, "num_heads": 8, "tree_size": 16}
+DEFAULT_PEAK_TFLOPS = 800.0
+AXES = ("batch_size", "prefix_len", "num_heads", "tree_size", "tree", "layout")
+DEFAULT_AXES = {"tree": ["eagle"], "layout": ["shuffled"]}
+
+
+def target_cases(grid_file: Path = GRID_FILE) -> list[dict[str, Any]]:
+    """The params of every case of the grid's ``targets`` group, in the grid's order (P outermost,
+    then H, then T)."""
+    try:
+        doc = tomllib.loads(grid_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ResultsError(f"{grid_file}: cannot read the target cases: {e}") from e
+    groups = [g for g in doc.get("group", []) if isinstance(g, dict) and g.get("name") == GROUP]
+    if len(groups) != 1:
+        raise ResultsError(f"{grid_file}: expected one [[group]] named {GROUP!r}, found {len(groups)}")
+    group = groups[0]
+    axes = {a: group.get(a, DEFAULT_AXES.get(a)) for a in AXES}
+    missing = [a for a, v in axes.items() if not isinstance(v, list) or not v]
+    if missing:
+        raise ResultsError(f"{grid_file}, group {GROUP!r}: missing or empty axes {missing}")
+    order = ("prefix_len", "num_heads", "tree_size", "batch_size", "tree", "layout")
+    cases = []
+    for combo in itertools.product(*(axes[a] for a in order)):
+        cases.append(dict(zip(order, combo, strict=True)))
+    return cases
+
+
+def _matches(row: SweepRow, case: dict[str, Any]) -> bool:
+    return all(row.params.get(k) == v for k, v in case.items())
+
+
+@dataclass(frozen=True)
+class TargetRow:
+    case: dict[str, Any]
+    cold: SweepRow | None  # the kernel's cold row; None: the run lacks it
+    graph: SweepRow | None
+    baselines: dict[str, SweepRow]  # other implementations' cold rows of the same case, timed
+    pct_at_peak: float | None  # % of the floor with the tensor peak fixed at --at-peak
+
+    @property
+    def reached(self) -> bool:
+        return self.cold is not None and self.cold.timed and (self.cold.pct_of_floor or 0.0) >= TARGET_PCT
+
+    @property
+    def reached_at_peak(self) -> bool:
+        return self.pct_at_peak is not None and self.pct_at_peak >= TARGET_PCT
+
+
+def _floor_at_peak_ms(row: SweepRow, copy_gbs: float | None, peak_tflops: float) -> float | None:
+    if not copy_gbs or copy_gbs <= 0:
+        return None
+    return max(row.bytes / (copy_gbs * 1e9), row.flops / (peak_tflops * 1e12)) * 1e3
+
+
+def target_rows(
+    results: Results, peak_tflops: float = DEFAULT_PEAK_TFLOPS, cases: Sequence[dict[str, Any]] | None = None
+) -> list[TargetRow]:
+    """One :class:`TargetRow` per target case, in the grid's order."""
+    if not peak_tflops > 0:
+        raise ResultsError(f"--at-peak must be a positive TFLOP/s figure, got {peak_tflops!r}")
+    copy_gbs = (results.ceilings or {}).get("copy_bandwidth_gbs")
+    rows = [r for r in results.sweep if r.tp_rank is None]
+    out = []
+    for case in cases if cases is not None else target_cases():
+        mine = [r for r in rows if _matches(r, case)]
+
+        def pick(impl: str, mode: str, mine: list[SweepRow] = mine) -> SweepRow | None:
+            return next((r for r in mine if r.impl == impl and r.mode == mode), None)
+
+        cold = pick(IMPL, "cold")
+        pct = None
+        if cold is not None and cold.timed:
+            floor = _floor_at_peak_ms(cold, copy_gbs, peak_tflops)
+            pct = None if floor is None else 100.0 * floor / cold.median_ms
+        baselines = {r.impl: r for r in mine if r.impl != IMPL and r.mode == "cold" and r.timed}
+        out.append(TargetRow(case, cold, pick(IMPL, "graph"), baselines, pct))
+    return out
+
+
+def any_target(results: Results) -> bool:
+    """Whether the run timed the kernel on at least one target case."""
+    return any(t.cold is not None for t in target_rows(results))
+
+
+def _case_text(case: dict[str, Any]) -> str:
+    return f"P={case['prefix_len']} H={case['num_heads']} T={case['tree_size']}"
+
+
+HEADER = ("P", "H", "T", "config", "median us", "% of floor", "% at {peak} TFLOP/s", "TFLOP/s", "graph us")
+
+
+def header(peak_tflops: float) -> list[str]:
+    return [h.format(peak=f"{peak_tflops:g}") for h in HEADER] + [f"vs {BASELINE}"]
+
+
+def cells(t: TargetRow) -> list[tuple[str, bool]]:
+    """A target row's cells as (text, reaches the target) pairs, in :func:`header`'s order; the
+    flag is True only on a % of floor at or above the target."""
+    c = t.case
+    out = [(str(c["prefix_len"]), False), (str(c["num_heads"]), False), (str(c["tree_size"]), False)]
+    if t.cold is None:
+        return out + [("not in this run", False)] + [("", False)] * 6
+    r = t.cold
+    if not r.timed:
+        return (
+            out
+            + [(r.impl_config or "-", False), (f"error: {r.note or 'no samples'}", False)]
+            + [("", False)] * 5
+        )
+
+    def pct(value: float | None) -> tuple[str, bool]:
+        return ("-", False) if value is None else (f"{value:.1f}", value >= TARGET_PCT)
+
+    base = t.baselines.get(BASELINE)
+    return out + [
+        (r.impl_config or "-", False),
+        (f"{r.median_ms * 1e3:.1f}" + (" (capped)" if r.throttled else ""), False),
+        pct(r.pct_of_floor),
+        pct(t.pct_at_peak),
+        ("-" if r.tflops is None else f"{r.tflops:.0f}", False),
+        (f"{t.graph.median_ms * 1e3:.1f}" if t.graph is not None and t.graph.timed else "-", False),
+        (f"{base.median_ms / r.median_ms:.0f}x ({base.median_ms:.2f} ms)" if base is not None else "", False),
+    ]
+
+
+def count_line(results: Results, rows: Sequence[TargetRow], peak_tflops: float) -> str:
+    board = (results.ceilings or {}).get("bf16_tflops")
+    board_text = f"{board:.1f} TFLOP/s" if isinstance(board, (int, float)) else "its measured peak"
+    return (
+        f"{sum(t.reached for t in rows)} of {len(rows)} target cases at >= {TARGET_PCT:g} % of the floor "
+        f"(this board's {board_text}); {sum(t.reached_at_peak for t in rows)} at {peak_tflops:g} TFLOP/s. "
+        '"capped": NVML reported a throttle (e.g. the power cap) before or after the row.'
+    )
+
+
+def markdown(results: Results, peak_tflops: float = DEFAULT_PEAK_TFLOPS) -> str:
+    """The target table (markdown, a reached % of floor in bold) and the lines that count it."""
+    rows = target_rows(results, peak_tflops)
+    head = header(peak_tflops)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for t in rows:
+        lines.append("| " + " | ".join(f"**{text}**" if hit else text for text, hit in cells(t)) + " |")
+    lines += ["", count_line(results, rows, peak_tflops), speedup_line(rows)]
+    return "\n".join(lines)
+
+
+def speedup_line(rows: Sequence[TargetRow]) -> str:
+    """The speedup target's verdict from the run's own rows."""
+    name = _case_text(SPEEDUP_CASE)
+    t = next((t for t in rows if all(t.case.get(k) == v for k, v in SPEEDUP_CASE.items())), None)
+    if t is None or t.cold is None or not t.cold.timed:
+        return f"{name}: the kernel's cold row is not in this run (or is an error row)."
+    base = t.baselines.get(BASELINE)
+    if base is None:
+        return f"{name}: {BASELINE} was not timed on this case in this run; no speedup."
+    ratio = base.median_ms / t.cold.median_ms
+    verdict = "meets" if ratio >= TARGET_SPEEDUP else "misses"
+    return (
+        f"{name}: {t.cold.median_ms * 1e3:.1f} us against {BASELINE}'s {base.median_ms:.2f} ms in the same "
+        f"run, {ratio:.0f}x ({verdict} the {TARGET_SPEEDUP:g}x target)."
+    )
