@@ -64,6 +64,7 @@ from harness.results import (
 )
 from harness.scaling import fits, prefix_text, records, text_table
 from harness.targets import (
+    CAPPED_NOTE,
     DEFAULT_PEAK_TFLOPS,
     any_target,
     cells,
@@ -466,7 +467,7 @@ def targets_section(results: Results, peak_tflops: float = DEFAULT_PEAK_TFLOPS) 
         records.append(rec)
     return {
         "table": _table(pd.DataFrame.from_records(records)),
-        "count": count_line(results, rows, peak_tflops),
+        "count": f"{count_line(results, rows, peak_tflops)} {CAPPED_NOTE}",
         "speedup": speedup_line(rows),
         "peak": f"{peak_tflops:g}",
     }

@@ -739,6 +739,7 @@ def write_sweep_report(results: Results, out: str | None, grid_label: str) -> in
     error rows; exit status 1 if there are any."""
     from harness.report import write_run  # pandas and jinja2 load only when a report is written
     from harness.scaling import TITLE, fits, text_table
+    from harness.targets import any_target, count_line, speedup_line, target_rows
 
     gpu = results.environment.get("gpu") or {}
     out_dir = (
@@ -757,6 +758,9 @@ def write_sweep_report(results: Results, out: str | None, grid_label: str) -> in
     found = fits(results)
     if found:
         print(f"\n{TITLE} (report --scaling):\n{text_table(found)}")
+    if any_target(results):  # last, so that a log's last lines say where the targets stand
+        targets = target_rows(results)
+        print(f"\ntarget cases (report --targets):\n{count_line(results, targets)}\n{speedup_line(targets)}")
     for r in errors:
         print(f"  error {r.case_id} {r.impl} {r.mode}: {r.note}", file=sys.stderr)
     return 1 if errors else 0

@@ -128,6 +128,7 @@ def _case_text(case: dict[str, Any]) -> str:
     return f"P={case['prefix_len']} H={case['num_heads']} T={case['tree_size']}"
 
 
+CAPPED_NOTE = '"capped": NVML reported a throttle (e.g. the power cap) before or after the row.'
 HEADER = ("P", "H", "T", "config", "median us", "% of floor", "% at {peak} TFLOP/s", "TFLOP/s", "graph us")
 
 
@@ -165,13 +166,12 @@ def cells(t: TargetRow) -> list[tuple[str, bool]]:
     ]
 
 
-def count_line(results: Results, rows: Sequence[TargetRow], peak_tflops: float) -> str:
+def count_line(results: Results, rows: Sequence[TargetRow], peak_tflops: float = DEFAULT_PEAK_TFLOPS) -> str:
     board = (results.ceilings or {}).get("bf16_tflops")
     board_text = f"{board:.1f} TFLOP/s" if isinstance(board, (int, float)) else "its measured peak"
     return (
         f"{sum(t.reached for t in rows)} of {len(rows)} target cases at >= {TARGET_PCT:g} % of the floor "
-        f"(this board's {board_text}); {sum(t.reached_at_peak for t in rows)} at {peak_tflops:g} TFLOP/s. "
-        '"capped": NVML reported a throttle (e.g. the power cap) before or after the row.'
+        f"(this board's {board_text}); {sum(t.reached_at_peak for t in rows)} at {peak_tflops:g} TFLOP/s."
     )
 
 
@@ -182,7 +182,7 @@ def markdown(results: Results, peak_tflops: float = DEFAULT_PEAK_TFLOPS) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for t in rows:
         lines.append("| " + " | ".join(f"**{text}**" if hit else text for text, hit in cells(t)) + " |")
-    lines += ["", count_line(results, rows, peak_tflops), speedup_line(rows)]
+    lines += ["", f"{count_line(results, rows, peak_tflops)} {CAPPED_NOTE}", speedup_line(rows)]
     return "\n".join(lines)
 
 

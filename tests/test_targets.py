@@ -175,3 +175,23 @@ def _results_of(folder: Path) -> Path:
     found = [p for p in (folder / "results.json", folder / "results.json.gz") if p.is_file()]
     assert found, f"{folder}: no results.json(.gz)"
     return found[0]
+
+
+def test_a_sweep_ends_with_where_the_targets_stand(tmp_path: Path, capsys) -> None:
+    from harness import sweep
+
+    sweep.write_sweep_report(full_run({(32768, 8, 16): 36.4}), str(tmp_path / "run"), "default")
+    out = capsys.readouterr().out.rstrip().splitlines()
+    assert out[-3:] == [
+        "target cases (report --targets):",
+        "23 of 24 target cases at >= 50 % of the floor (this board's 812.5 TFLOP/s); "
+        f"{sum(t.reached_at_peak for t in target_rows(full_run({(32768, 8, 16): 36.4})))} at 800 TFLOP/s.",
+        "P=200000 H=8 T=16: sglang-triton-ps1 was not timed on this case in this run; no speedup.",
+    ]
+    # a run without target cases (the sm120 grid's entries, a quick grid) prints nothing of them
+    sweep.write_sweep_report(
+        run_of([row({"prefix_len": 4096, "num_heads": 8, "tree_size": 16}, 30.0)]),
+        str(tmp_path / "short"),
+        "quick",
+    )
+    assert "target cases" not in capsys.readouterr().out
