@@ -39,7 +39,7 @@ import io
 import math
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -862,7 +862,9 @@ def _main_prune(root: Path) -> int:
     return 0
 
 
-def _main_scaling(paths: Sequence[str]) -> int:
+def _print_each_run(paths: Sequence[str], show: Callable[[Path, Results], str]) -> int:
+    """``show(path, results)`` printed for every results file under ``paths``; 2 when a path
+    holds none or a file cannot be read (named on stderr), else 0."""
     status = 0
     for root in paths:
         try:
@@ -870,33 +872,24 @@ def _main_scaling(paths: Sequence[str]) -> int:
             if not files:
                 raise ResultsError(f"{root}: no results.json (or results.json.gz) found")
             for json_path in files:
-                print(f"{json_path}:")
-                print(text_table(fits(load_results(json_path))))
+                print(show(json_path, load_results(json_path)))
         except ResultsError as e:
             print(f"error: {e}", file=sys.stderr)
             status = 2
     return status
+
+
+def _main_scaling(paths: Sequence[str]) -> int:
+    return _print_each_run(paths, lambda path, results: f"{path}:\n{text_table(fits(results))}")
 
 
 def _main_targets(paths: Sequence[str], peak_tflops: float) -> int:
-    status = 0
-    for root in paths:
-        try:
-            files = _run_files(Path(root))
-            if not files:
-                raise ResultsError(f"{root}: no results.json (or results.json.gz) found")
-            for json_path in files:
-                results = load_results(json_path)
-                if not results.sweep:
-                    print(f"{json_path}: no sweep rows (a parity run?); no targets to show\n")
-                    continue
-                print(f"{json_path}:\n")
-                print(targets_markdown(results, peak_tflops))
-                print()
-        except ResultsError as e:
-            print(f"error: {e}", file=sys.stderr)
-            status = 2
-    return status
+    def show(path: Path, results: Results) -> str:
+        if not results.sweep:
+            return f"{path}: no sweep rows (a parity run?); no targets to show\n"
+        return f"{path}:\n\n{targets_markdown(results, peak_tflops)}\n"
+
+    return _print_each_run(paths, show)
 
 
 def main(args: argparse.Namespace) -> int:
