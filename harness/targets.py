@@ -8,7 +8,7 @@ each to reach >= ``TARGET_PCT`` % of its roofline floor, and P=200k H=8 T=16 to 
 >= ``TARGET_SPEEDUP``x faster than SGLang's Triton kernel timed in the same run. Per target case
 the table gives the kernel's cold row (its tile config, median, % of this board's floor), the
 % of the floor at a fixed bf16 peak (``--at-peak``, 800 TFLOP/s by default: the boards lent for
-the runs measure 736-800, and a fixed peak compares runs across boards), TFLOP/s, the graph row's
+the runs measure 736-801, and a fixed peak compares runs across boards), TFLOP/s, the graph row's
 median, and the speedup over each baseline that the run timed on the same case. Below it: how
 many cases reach the target, against either peak, and the speedup target's case.
 
@@ -41,13 +41,14 @@ TARGET_PCT = 50.0
 TARGET_SPEEDUP = 100.0
 SPEEDUP_CASE = {"batch_size": 1, "prefix_len": 200000, "num_heads": 8, "tree_size": 16}
 DEFAULT_PEAK_TFLOPS = 800.0
+# A grid group's axes and the defaults of the ones it may leave out, as harness/sweep.py reads them
+# (not imported from there: that module loads torch, and a report reads results without it).
 AXES = ("batch_size", "prefix_len", "num_heads", "tree_size", "tree", "layout")
 DEFAULT_AXES = {"tree": ["eagle"], "layout": ["shuffled"]}
 
 
 def target_cases(grid_file: Path = GRID_FILE) -> list[dict[str, Any]]:
-    """The params of every case of the grid's ``targets`` group, in the grid's order (P outermost,
-    then H, then T)."""
+    """The params of every case of the grid's ``targets`` group, P outermost, then H, then T."""
     try:
         doc = tomllib.loads(grid_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:

@@ -77,6 +77,17 @@ def test_the_target_cases_are_the_issues_twenty_four() -> None:
     assert {(c["batch_size"], c["tree"], c["layout"]) for c in cases} == {(1, "eagle", "shuffled")}
 
 
+def test_the_grid_axes_are_read_as_the_sweep_reads_them() -> None:
+    from harness import sweep, targets
+
+    assert targets.AXES == sweep.AXES and targets.DEFAULT_AXES == sweep.DEFAULT_AXES
+    grid_cases = next(g for g in sweep.load_grid("default").groups if g.name == targets.GROUP).cases
+    assert sorted(c.case_id for c in grid_cases) == sorted(
+        f"B{c['batch_size']}-P{c['prefix_len']}-T{c['tree_size']}-H{c['num_heads']}-{c['layout']}"
+        for c in target_cases()
+    )
+
+
 def test_the_count_is_of_cold_rows_at_or_above_the_target(tmp_path: Path) -> None:
     run = full_run({(32768, 8, 16): 36.4, (65536, 8, 16): TARGET_PCT, (131072, 8, 16): 49.99})
     rows = target_rows(run)
