@@ -73,6 +73,7 @@ from harness.targets import (
     speedup_line,
     target_rows,
 )
+from harness.targets import IMPL as TARGET_IMPL
 from harness.targets import markdown as targets_markdown
 
 TEMPLATE = "report.html.j2"
@@ -887,6 +888,11 @@ def _main_targets(paths: Sequence[str], peak_tflops: float) -> int:
     def show(path: Path, results: Results) -> str:
         if not results.sweep:
             return f"{path}: no sweep rows (a parity run?); no targets to show\n"
+        if not any_target(results):
+            return (
+                f"{path}: the run has no row of {TARGET_IMPL} on a target case on one GPU (another grid, "
+                "other implementations, or a TP run); no targets to show\n"
+            )
         return f"{path}:\n\n{targets_markdown(results, peak_tflops)}\n"
 
     return _print_each_run(paths, show)

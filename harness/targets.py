@@ -12,9 +12,10 @@ the runs measure 736-801, and a fixed peak compares runs across boards), TFLOP/s
 median, and the speedup over each baseline that the run timed on the same case. Below it: how
 many cases reach the target, against either peak, and the speedup target's case.
 
-Rows of a multi-GPU run are read as they are (each case ran on one GPU); the rank rows of a TP run
-are left out and its step rows (the slowest rank per round) read. A case the run lacks, or whose
-row is an error row, is listed as such and counts as not reaching the target. Nothing here gates:
+Rows of a run dealt over several GPUs are read as they are (each case ran on one GPU). A TP run's
+rows are not read at all: its steps time N GPUs at once, each with H/N heads, and the targets are
+calls on one GPU. A case the run lacks, or whose row is an error row, is listed as such and counts
+as not reaching the target. Nothing here gates:
 ``harness compare`` is the gate between runs.
 """
 
@@ -102,7 +103,7 @@ def target_rows(
     if not peak_tflops > 0:
         raise ResultsError(f"--at-peak must be a positive TFLOP/s figure, got {peak_tflops!r}")
     copy_gbs = (results.ceilings or {}).get("copy_bandwidth_gbs")
-    rows = [r for r in results.sweep if r.tp_rank is None]
+    rows = [r for r in results.sweep if r.tp_rank is None and (r.tp_size or 1) == 1]
     out = []
     for case in cases if cases is not None else target_cases():
         mine = [r for r in rows if _matches(r, case)]
@@ -121,7 +122,7 @@ def target_rows(
 
 
 def any_target(results: Results) -> bool:
-    """Whether the run timed the kernel on at least one target case."""
+    """Whether the run timed the kernel on at least one target case (on one GPU: not a TP run)."""
     return any(t.cold is not None for t in target_rows(results))
 
 

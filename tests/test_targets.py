@@ -12,7 +12,7 @@ import pytest
 
 from harness.cli import main as cli_main
 from harness.report import render_html, targets_section
-from harness.results import Results, ResultsError, load_results
+from harness.results import Results, ResultsError, load_results, write_results
 from harness.targets import (
     BASELINE,
     IMPL,
@@ -124,9 +124,13 @@ def test_error_rows_and_tp_rank_rows_do_not_count() -> None:
     case = ISSUE_CASES[0]
     err = row(case, 80.0, status="error", samples_ms=[], median_ms=0.0, note="illegal memory access")
     rank = row(ISSUE_CASES[1], 95.0, tp_rank=0, tp_size=2)
-    got = target_rows(run_of([err, rank]))
+    step = row(ISSUE_CASES[2], 95.0, tp_rank=None, tp_size=2)
+    one = row(ISSUE_CASES[3], 95.0, tp_rank=None, tp_size=None)
+    got = target_rows(run_of([err, rank, step, one]))
     assert not got[0].reached and cells(got[0])[4] == ("error: illegal memory access", False)
-    assert got[1].cold is None  # the rank row is not the step row
+    # a TP run's rank and step rows time H/N heads on each of N GPUs: not the one-GPU targets
+    assert got[1].cold is None and got[2].cold is None
+    assert got[3].reached
 
 
 def test_the_speedup_line_reads_the_baselines_row_of_the_same_case() -> None:
@@ -161,7 +165,15 @@ def test_report_targets_on_the_command_line(tmp_path: Path, capsys) -> None:
     assert "% at 700 TFLOP/s" in capsys.readouterr().out
     assert cli_main(["report", "--targets", str(PARITY)]) == 0
     assert "no sweep rows" in capsys.readouterr().out
-    assert cli_main(["report", "--targets", str(tmp_path)]) == 2
+    short = tmp_path / "short"
+    short.mkdir()
+    write_results(
+        run_of([row({"prefix_len": 4096, "num_heads": 8, "tree_size": 16}, 30.0)]), short / "results.json"
+    )
+    assert cli_main(["report", "--targets", str(short)]) == 0
+    assert "no row of verify-attn-cuda on a target case" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    assert cli_main(["report", "--targets", str(tmp_path / "empty")]) == 2
     assert "no results.json" in capsys.readouterr().err
     assert cli_main(["report", "--targets"]) == 2
     assert "--targets needs a results.json" in capsys.readouterr().err
