@@ -99,7 +99,7 @@ def _floor_at_peak_ms(row: SweepRow, copy_gbs: float | None, peak_tflops: float)
 def target_rows(
     results: Results, peak_tflops: float = DEFAULT_PEAK_TFLOPS, cases: Sequence[dict[str, Any]] | None = None
 ) -> list[TargetRow]:
-    """One :class:`TargetRow` per target case, in the grid's order."""
+    """One :class:`TargetRow` per target case (P, then H, then T), from the run's one-GPU rows."""
     if not peak_tflops > 0:
         raise ResultsError(f"--at-peak must be a positive TFLOP/s figure, got {peak_tflops!r}")
     copy_gbs = (results.ceilings or {}).get("copy_bandwidth_gbs")
