@@ -456,9 +456,9 @@ def scaling_table(results: Results) -> str:
 def targets_section(results: Results, peak_tflops: float = DEFAULT_PEAK_TFLOPS) -> dict[str, str]:
     """The target cases' table (:mod:`harness.targets`) and its two lines; empty where the run
     timed the kernel on none of them."""
-    if not results.sweep or not any_target(results):
+    rows = target_rows(results, peak_tflops) if results.sweep else []
+    if not any_target(rows):
         return {"table": "", "count": "", "speedup": "", "peak": f"{peak_tflops:g}"}
-    rows = target_rows(results, peak_tflops)
     records = []
     for t in rows:
         rec = {}
@@ -888,12 +888,13 @@ def _main_targets(paths: Sequence[str], peak_tflops: float) -> int:
     def show(path: Path, results: Results) -> str:
         if not results.sweep:
             return f"{path}: no sweep rows (a parity run?); no targets to show\n"
-        if not any_target(results):
+        rows = target_rows(results, peak_tflops)
+        if not any_target(rows):
             return (
                 f"{path}: the run has no row of {TARGET_IMPL} on a target case on one GPU (another grid, "
                 "other implementations, or a TP run); no targets to show\n"
             )
-        return f"{path}:\n\n{targets_markdown(results, peak_tflops)}\n"
+        return f"{path}:\n\n{targets_markdown(results, peak_tflops, rows)}\n"
 
     return _print_each_run(paths, show)
 

@@ -758,8 +758,8 @@ def write_sweep_report(results: Results, out: str | None, grid_label: str) -> in
     found = fits(results)
     if found:
         print(f"\n{TITLE} (report --scaling):\n{text_table(found)}")
-    if any_target(results):  # last, so that a log's last lines say where the targets stand
-        targets = target_rows(results)
+    targets = target_rows(results)
+    if any_target(targets):  # last, so that a log's last lines say where the targets stand
         print(f"\ntarget cases (report --targets):\n{count_line(results, targets)}\n{speedup_line(targets)}")
     for r in errors:
         print(f"  error {r.case_id} {r.impl} {r.mode}: {r.note}", file=sys.stderr)

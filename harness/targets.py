@@ -91,6 +91,7 @@ class TargetRow:
 
 
 def _floor_at_peak_ms(row: SweepRow, copy_gbs: float | None, peak_tflops: float) -> float | None:
+    """harness.roofline.floor_ms's rule with the peak given (that module loads torch)."""
     if not copy_gbs or copy_gbs <= 0:
         return None
     return max(row.bytes / (copy_gbs * 1e9), row.flops / (peak_tflops * 1e12)) * 1e3
@@ -121,9 +122,10 @@ def target_rows(
     return out
 
 
-def any_target(results: Results) -> bool:
-    """Whether the run timed the kernel on at least one target case (on one GPU: not a TP run)."""
-    return any(t.cold is not None for t in target_rows(results))
+def any_target(rows: Sequence[TargetRow]) -> bool:
+    """Whether the run of ``rows`` (:func:`target_rows`) timed the kernel on at least one target
+    case (on one GPU: not a TP run)."""
+    return any(t.cold is not None for t in rows)
 
 
 def _case_text(case: dict[str, Any]) -> str:
@@ -177,9 +179,12 @@ def count_line(results: Results, rows: Sequence[TargetRow], peak_tflops: float =
     )
 
 
-def markdown(results: Results, peak_tflops: float = DEFAULT_PEAK_TFLOPS) -> str:
-    """The target table (markdown, a reached % of floor in bold) and the lines that count it."""
-    rows = target_rows(results, peak_tflops)
+def markdown(
+    results: Results, peak_tflops: float = DEFAULT_PEAK_TFLOPS, rows: Sequence[TargetRow] | None = None
+) -> str:
+    """The target table (markdown, a reached % of floor in bold) and the lines that count it;
+    ``rows``: the run's :func:`target_rows` at ``peak_tflops`` where the caller has them."""
+    rows = target_rows(results, peak_tflops) if rows is None else rows
     head = header(peak_tflops)
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for t in rows:
