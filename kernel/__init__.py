@@ -55,10 +55,16 @@ def verify_attention(
         kv_indptr:        [B+1] int32.
         tree_mask:        packed int32 visibility words (kernel/tree_mask.py).
         tree_mask_indptr: [B+1] int32 word offsets into tree_mask.
-        sm_scale:         softmax scale applied to q.k.
-        out, lse:         optional preallocated outputs ([N, H, 512] bf16, [N, H] fp32).
-                          Every tensor must be contiguous, and q, kv_cache and out must start
-                          16-byte aligned (a fresh tensor does; a view at an odd offset may not).
+        sm_scale:         softmax scale applied to q.k: a Python number, finite, positive and
+                          within float32's normal range (the kernel computes in float32). A tensor
+                          is refused (reading it would be a copy from the device).
+        out, lse:         optional preallocated outputs ([N, H, 512] bf16, [N, H] fp32). They
+                          must not share memory with any input or with each other (the kernel
+                          writes them while it still reads the inputs).
+                          Every tensor must be contiguous and start aligned: q, kv_cache and out
+                          at 16 bytes (a fresh tensor does; a view at an odd offset may not), the
+                          int32 and fp32 ones at 4 (a tensor from another library may not).
+                          Tokens x heads and kv_indices' length are each at most 2^30.
         validate:         also check what needs the device data (indptr monotonic and consistent,
                           T_b >= 1, slots inside the pool, every draft token sees itself). This copies
                           the indptrs, the tree mask and kv_indices' min and max to the host (a
@@ -68,7 +74,12 @@ def verify_attention(
                           Unvalidated, kv_indices, tree_mask and q may run past their indptrs'
                           last entries (over-allocated buffers): the kernel reads only what the
                           indptrs address, and rows of out and lse past qo_indptr[-1] are not
-                          written.
+                          written (with B = 0, none is: a fresh out and lse come back as
+                          allocated). What validation would have refused is then the caller's
+                          to rule out: a slot outside the pool is read as a row of zeros (never
+                          from outside the pool, but it still takes a share of the softmax),
+                          and indptrs that run past their tensors make the kernel read and write
+                          past them.
         config:           "auto" (on H100/H200 when built for sm_90a wgmma-ws, or wgmma-ws-pipe
                           from 256 rows (tokens x heads) a request on average; else by the device's
                           shared memory), "wgmma-ws" (sm_90a, warp-specialized: one warpgroup for
@@ -108,6 +119,7 @@ def verify_attention(
     """
     config_id = _config_id(config)
     sms = _num_sms_arg(num_sms)
+    scale = _sm_scale_arg(sm_scale)
     out, lse = load_extension().verify_attention(
         q,
         kv_cache,
@@ -116,7 +128,7 @@ def verify_attention(
         kv_indptr,
         tree_mask,
         tree_mask_indptr,
-        float(sm_scale),
+        scale,
         out,
         lse,
         validate,
@@ -124,6 +136,19 @@ def verify_attention(
         sms,
     )
     return out, lse
+
+
+def _sm_scale_arg(sm_scale: float) -> float:
+    """``sm_scale`` as the extension takes it; its range is checked there."""
+    if isinstance(sm_scale, torch.Tensor):
+        raise TypeError(
+            "sm_scale must be a Python number, got a tensor: reading it would copy it from the device "
+            "(a sync, and an error while a CUDA graph is captured); pass float(sm_scale) once, outside the loop"
+        )
+    try:
+        return float(sm_scale)
+    except (TypeError, ValueError):
+        raise TypeError(f"sm_scale must be a number, got {sm_scale!r}") from None
 
 
 _CONFIGS = {"auto": 0, "large": 1, "small": 2, "wgmma": 3, "wgmma-ws": 4, "small-m32": 5, "wgmma-ws-pipe": 6}
@@ -169,6 +194,10 @@ def planned_config(
             f"q must be a CUDA tensor [num_tokens, num_heads, 576], got {tuple(q.shape)} on {q.device}"
         )
     batch = qo_indptr.numel() - 1
+    if q.shape[1] < 1 or q.shape[0] < batch:
+        raise ValueError(
+            f"q must have at least one head and a token per request of qo_indptr ({batch}), got {tuple(q.shape)}"
+        )
     chosen = load_extension().planned_config(
         q.device.index if q.device.index is not None else torch.cuda.current_device(),
         batch,

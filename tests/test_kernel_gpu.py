@@ -587,6 +587,12 @@ def _swap(args: dict, **changes) -> dict:
     return {**args, **changes}
 
 
+def _inside(t: torch.Tensor, a: dict) -> torch.Tensor:
+    """An out of the right shape, dtype and alignment carved from the start of ``t``'s memory."""
+    n, h = a["q"].shape[:2]
+    return t.view(-1)[: n * h * 512].view(n, h, 512)
+
+
 def _set(t: torch.Tensor, index: int, value: int) -> torch.Tensor:
     t = t.clone()
     t[index] = value
@@ -664,6 +670,78 @@ BAD_CASES = {
     # Finite and positive as a double, but 0 or inf in the float32 the kernel computes in.
     "sm_scale below float32": (lambda a: _swap(a, sm_scale=1e-50), "sm_scale"),
     "sm_scale above float32": (lambda a: _swap(a, sm_scale=3e38), "sm_scale"),
+    "kv_cache misaligned": (
+        lambda a: _swap(
+            a,
+            kv_cache=torch.empty(a["kv_cache"].numel() + 8, dtype=torch.bfloat16, device="cuda")[1:][
+                : a["kv_cache"].numel()
+            ].view(a["kv_cache"].shape),
+        ),
+        "kv_cache must start at a 16-byte aligned address",
+    ),
+    "kv_cache with two heads": (
+        lambda a: _swap(a, kv_cache=torch.zeros(64, 2, 576, dtype=torch.bfloat16, device="cuda")),
+        "kv_cache must be [num_slots, 576] or [num_slots, 1, 576]",
+    ),
+    "q without heads": (
+        lambda a: _swap(a, q=torch.empty(a["q"].shape[0], 0, 576, dtype=torch.bfloat16, device="cuda")),
+        "q must have at least one head",
+    ),
+    "more requests than tokens": (
+        lambda a: _swap(a, q=a["q"][:1].contiguous()),
+        "but qo_indptr has 2 requests",
+    ),
+    "qo_indptr not from 0": (
+        lambda a: _swap(a, qo_indptr=_set(a["qo_indptr"], 0, 1)),
+        "qo_indptr[0] must be 0",
+    ),
+    "qo_indptr short of q": (
+        lambda a: _swap(a, qo_indptr=_set(a["qo_indptr"], -1, a["q"].shape[0] - 1)),
+        "must equal q.size(0)",
+    ),
+    "fewer slots than draft tokens": (
+        lambda a: _swap(a, kv_indptr=_set(a["kv_indptr"], 1, 3)),
+        "request 0 has 3 KV slots (kv_indptr) but 5 draft tokens",
+    ),
+    "tree_mask_indptr not from 0": (
+        lambda a: _swap(a, tree_mask_indptr=_set(a["tree_mask_indptr"], 0, 1)),
+        "tree_mask_indptr[0] must be 0",
+    ),
+    "kv_indices beyond 2^30": (
+        lambda a: _swap(a, kv_indices=torch.zeros(2**30 + 1, dtype=torch.int32, device="cuda")),
+        "kv_indices has 1073741825 entries; at most 1073741824",
+    ),
+    "out shape": (
+        lambda a: _swap(a, out=torch.empty(*a["q"].shape[:2], 576, dtype=torch.bfloat16, device="cuda")),
+        "out must be [",
+    ),
+    "out on cpu": (
+        lambda a: _swap(a, out=torch.empty(*a["q"].shape[:2], 512, dtype=torch.bfloat16)),
+        "out must be on",
+    ),
+    "lse dtype": (
+        lambda a: _swap(a, lse=torch.empty(*a["q"].shape[:2], dtype=torch.bfloat16, device="cuda")),
+        "lse must be Float",
+    ),
+    "out inside q": (lambda a: _swap(a, out=_inside(a["q"], a)), "out must not share memory with q"),
+    "out inside kv_cache": (
+        lambda a: _swap(a, out=_inside(a["kv_cache"], a)),
+        "out must not share memory with kv_cache",
+    ),
+    "lse inside out": (
+        lambda a: _swap(
+            a,
+            out=(o := torch.empty(*a["q"].shape[:2], 512, dtype=torch.bfloat16, device="cuda")),
+            lse=o.view(-1)[: 2 * a["q"].shape[0] * a["q"].shape[1]]
+            .view(torch.float32)
+            .view(*a["q"].shape[:2]),
+        ),
+        "lse must not share memory with out",
+    ),
+    "sm_scale tensor": (
+        lambda a: _swap(a, sm_scale=torch.tensor(0.1, device="cuda")),
+        "sm_scale must be a Python number",
+    ),
     "num_sms zero": (lambda a: _swap(a, num_sms=0), "num_sms must be None or an int from 1 to 1024"),
     "num_sms beyond any GPU": (
         lambda a: _swap(a, num_sms=5000),
@@ -679,7 +757,7 @@ def raise_bad_input(case: str) -> str:
     mutate, _ = BAD_CASES[case]
     try:
         kernel.verify_attention(**mutate(_good()))
-    except (RuntimeError, ValueError) as e:
+    except (RuntimeError, ValueError, TypeError) as e:
         return str(e)
     return ""
 

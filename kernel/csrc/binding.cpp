@@ -12,8 +12,10 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "checks.h"
 #include "messages.h"
 #include "verify_attention.h"
 
@@ -21,21 +23,14 @@ namespace {
 
 constexpr int64_t kQKDim = 576;
 constexpr int64_t kVDim = 512;
+// The most (token, head) rows, and the most kv_indices entries, a call may have (see the check).
+constexpr int64_t kMaxRowsOrKeys = int64_t{1} << 30;
 
+using va_checks::check_no_overlap;
+using va_checks::check_tensor;
 using va_messages::text;
 
 std::string shape_str(const at::Tensor& t) { return text(t.sizes()); }
-
-void check_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype, const at::Device& device) {
-  VA_CHECK(t.device() == device, name, " must be on ", device, " (where q is), got ", t.device());
-  VA_CHECK(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
-  VA_CHECK(t.is_contiguous(), name, " must be contiguous (shape ", shape_str(t), ", strides ", text(t.strides()), ")");
-  // The bf16 tensors are read 4 and 16 bytes at a time and written 4 and 8 at a time (a view at an
-  // odd element offset is not aligned; the access would fault and end the CUDA context).
-  const auto addr = reinterpret_cast<uintptr_t>(t.data_ptr());
-  VA_CHECK(dtype != at::kBFloat16 || addr % 16 == 0, name, " must start at a 16-byte aligned address, got one ",
-           addr % 16, " bytes past it (a view at an element offset?)");
-}
 
 void check_indptr_values(const std::vector<int32_t>& v, const char* name, int64_t last_expected,
                          const char* last_what) {
@@ -124,15 +119,13 @@ std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& 
   const at::Device device = q.device();
   check_tensor(q, "q", at::kBFloat16, device);
   VA_CHECK(q.dim() == 3 && q.size(2) == kQKDim, "q must be [num_tokens, num_heads, 576], got ", shape_str(q));
-  at::Tensor kv_cache = kv_cache_in;
-  if (kv_cache.dim() == 3) {
-    VA_CHECK(kv_cache.size(1) == 1, "kv_cache as [S, 1, 576] must have one KV head (MLA), got ",
-                shape_str(kv_cache));
-    kv_cache = kv_cache.view({kv_cache.size(0), kv_cache.size(2)});
-  }
-  check_tensor(kv_cache, "kv_cache", at::kBFloat16, device);
-  VA_CHECK(kv_cache.dim() == 2 && kv_cache.size(1) == kQKDim,
-              "kv_cache must be [num_slots, 576] or [num_slots, 1, 576], got ", shape_str(kv_cache_in));
+  // Checked as the caller passed it, so that a message shows the caller's shape and strides.
+  check_tensor(kv_cache_in, "kv_cache", at::kBFloat16, device);
+  const bool kv_3d = kv_cache_in.dim() == 3 && kv_cache_in.size(1) == 1 && kv_cache_in.size(2) == kQKDim;
+  VA_CHECK(kv_3d || (kv_cache_in.dim() == 2 && kv_cache_in.size(1) == kQKDim),
+           "kv_cache must be [num_slots, 576] or [num_slots, 1, 576] (MLA: one KV head), got ",
+           shape_str(kv_cache_in));
+  const at::Tensor kv_cache = kv_3d ? kv_cache_in.view({kv_cache_in.size(0), kQKDim}) : kv_cache_in;
   check_tensor(kv_indices, "kv_indices", at::kInt, device);
   check_tensor(qo_indptr, "qo_indptr", at::kInt, device);
   check_tensor(kv_indptr, "kv_indptr", at::kInt, device);
@@ -148,11 +141,16 @@ std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& 
   VA_CHECK(tree_mask_indptr.dim() == 1 && tree_mask_indptr.size(0) == B + 1, "tree_mask_indptr must be [B+1] = [",
               B + 1, "] like qo_indptr, got ", shape_str(tree_mask_indptr));
   VA_CHECK(H >= 1, "q must have at least one head, got ", shape_str(q));
-  VA_CHECK(N >= B, "q has ", N, " tokens but there are ", B, " requests, each with at least one draft token");
+  VA_CHECK(N >= B, "q has ", N, " tokens (q.size(0)) but qo_indptr has ", B,
+           " requests, each with at least one draft token");
   const int64_t int_max = std::numeric_limits<int32_t>::max();
   VA_CHECK(S <= int_max, "kv_cache has ", S, " slots; at most 2^31 - 1 are supported (int32 kv_indices)");
-  VA_CHECK(N * H <= int_max, "num_tokens * num_heads = ", N * H, " exceeds the supported 2^31 - 1 rows");
-  VA_CHECK(kv_indices.numel() <= int_max, "kv_indices has ", kv_indices.numel(), " entries; at most 2^31 - 1");
+  // The plan counts rows and key positions in int32 and rounds them up by up to their own size
+  // (a split's end can reach twice the last position), so both stay within 2^30.
+  VA_CHECK(N * H <= kMaxRowsOrKeys, "q.size(0) * q.size(1) (tokens x heads) = ", N * H, " exceeds the supported ",
+           kMaxRowsOrKeys, " (2^30) rows");
+  VA_CHECK(kv_indices.numel() <= kMaxRowsOrKeys, "kv_indices has ", kv_indices.numel(), " entries; at most ",
+           kMaxRowsOrKeys, " (2^30) are supported");
   VA_CHECK(std::isfinite(sm_scale) && sm_scale > 0, "sm_scale must be a finite positive number, got ", sm_scale);
   // The kernel computes in float32 with the scale times log2(e) (launch_impl): a double that is
   // finite and positive but becomes 0 or inf there would give an average of V or NaN, silently.
@@ -170,6 +168,19 @@ std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& 
   check_tensor(lse, "lse", at::kFloat, device);
   VA_CHECK(lse.dim() == 2 && lse.size(0) == N && lse.size(1) == H, "lse must be [", N, ", ", H, "], got ",
               shape_str(lse));
+  const std::pair<const at::Tensor*, const char*> inputs[] = {
+      {&q, "q"},
+      {&kv_cache, "kv_cache"},
+      {&kv_indices, "kv_indices"},
+      {&qo_indptr, "qo_indptr"},
+      {&kv_indptr, "kv_indptr"},
+      {&tree_mask, "tree_mask"},
+      {&tree_mask_indptr, "tree_mask_indptr"}};
+  for (const auto& [t, name] : inputs) {
+    check_no_overlap(out, "out", *t, name);
+    check_no_overlap(lse, "lse", *t, name);
+  }
+  check_no_overlap(lse, "lse", out, "out");
 
   const c10::cuda::CUDAGuard guard(device);
   if (validate && c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None)
@@ -223,9 +234,9 @@ int64_t planned_config(int64_t device_index, int64_t batch, int64_t num_tokens, 
   VA_CHECK(batch >= 1 && num_tokens >= batch && num_heads >= 1 && num_kv_indices >= 0,
            "planned_config needs batch >= 1, num_tokens >= batch, num_heads >= 1, num_kv_indices >= 0; got ", batch,
            ", ", num_tokens, ", ", num_heads, ", ", num_kv_indices);
-  const int64_t int_max = std::numeric_limits<int32_t>::max();
-  VA_CHECK(num_tokens * num_heads <= int_max && num_kv_indices <= int_max && batch <= int_max,
-           "planned_config: sizes beyond the supported 2^31 - 1");
+  VA_CHECK(num_tokens * num_heads <= kMaxRowsOrKeys && num_kv_indices <= kMaxRowsOrKeys,
+           "planned_config: num_tokens * num_heads = ", num_tokens * num_heads, " and num_kv_indices = ",
+           num_kv_indices, " must each be at most ", kMaxRowsOrKeys, " (2^30), as verify_attention's");
   va::Plan plan{};
   const cudaError_t e = va::make_plan(static_cast<int>(device_index), static_cast<int>(batch),
                                       static_cast<int>(num_tokens), static_cast<int>(num_heads),

@@ -851,7 +851,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(Para
     }
   };
   // Row r's source (row 0 of the pool, with the copies zero-filled, past the split or outside the
-  // pool: never read, and a zero V row times a zero probability cannot turn into NaN).
+  // pool). Past the split the row is masked: a zero V row times a zero probability cannot turn
+  // into NaN. A slot outside the pool (only an unvalidated call can pass one) reads as a row of
+  // zeros: a score of 0 that takes its share of the softmax, never a read outside the pool.
   auto row_src = [&](int tile, int r, int slot, bool& ok) {
     ok = kv_begin + tile * kBN + r < kv_end && slot >= 0 && slot < p.num_slots;
     return p.kv + (ok ? static_cast<int64_t>(slot) * kQKDim : 0) + unit * 8;

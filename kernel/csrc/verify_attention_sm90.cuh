@@ -341,8 +341,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_kerne
     return pos < w.kv_end ? __ldg(p.kv_indices + pos) : -1;
   };
   auto load_tile = [&](int slot, int stage) {
-    // Rows past the split, and slots outside the pool, are zero-filled: never read, and a zero V
-    // row times a zero probability cannot turn into NaN.
+    // Rows past the split, and slots outside the pool, are zero-filled. Past the split the row
+    // is masked (a zero V row times a zero probability cannot turn into NaN); a slot outside the
+    // pool (only an unvalidated call can pass one) reads as a row of zeros that takes its share
+    // of the softmax, never a read outside the pool.
     const bool ok = slot >= 0 && slot < p.num_slots;
     const __nv_bfloat16* src = p.kv + (ok ? static_cast<int64_t>(slot) * kQKDim : 0);
     copy_row_swizzled(sKV + stage * Cfg::kTileBytes, ld_row, ld_sub, src, ok);
@@ -1331,7 +1333,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_wgmma_ws_ke
       return s;
     };
     // Rows ld_row + 16 k of a tile; rows past the split, and slots outside the pool, are
-    // zero-filled (never read).
+    // zero-filled (as load_tile above says).
     auto load_rows = [&](int slot, int k, int stage) {
       const bool ok = slot >= 0 && slot < p.num_slots;
       const __nv_bfloat16* src = p.kv + (ok ? static_cast<int64_t>(slot) * kQKDim : 0);
