@@ -218,7 +218,7 @@ def _device(name: str | None) -> torch.device:
 
 def print_table(rows: Sequence[ParityRow]) -> None:
     def fmt(x: float | None, spec: str) -> str:
-        return "-" if x is None else format(x, spec)
+        return f"{'-':>9s}" if x is None else format(x, spec)  # every spec here is 9 wide
 
     print(
         f"{'bundle':18s} {'implementation':28s} {'status':11s} {'max rel':>9s} {'min cos':>9s} {'lse err':>9s} tokens path"
@@ -229,7 +229,7 @@ def print_table(rows: Sequence[ParityRow]) -> None:
         lse = (
             "n/a"
             if r.status in ("pass", "fail") and r.max_lse_abs_err is None
-            else fmt(r.max_lse_abs_err, ".2e")
+            else fmt(r.max_lse_abs_err, "9.2e")
         )
         print(
             f"{r.bundle:18s} {r.impl:28s} {r.status:11s} {fmt(r.max_rel_err, '9.2e')} "

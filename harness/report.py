@@ -969,7 +969,8 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--prune",
         metavar="DIR",
-        help="delete index.html of all but the newest run per GPU model, kind and grid",
+        help="delete index.html of all but the newest run per GPU model, kind and grid, and compress "
+        "those runs' results.json to results.json.gz",
     )
     p.add_argument(
         "--scaling",

@@ -391,6 +391,7 @@ def repro_command(opts: SweepOptions, case_id: str, impl: str, mode: str) -> str
     return shlex.join(
         ["python", "-m", "harness", "sweep", "--grid", opts.grid_arg, "--case-filter", case_id]
         + ["--impls", impl, "--modes", mode]
+        + (["--device", "cpu"] if opts.device.type == "cpu" else [])
     )
 
 
@@ -755,6 +756,8 @@ def write_sweep_report(results: Results, out: str | None, grid_label: str) -> in
         return 1
     errors = [r for r in results.sweep if r.status != "ok"]
     print(f"{len(results.sweep)} rows, {len(errors)} errors -> {shown(out_dir / 'index.html')}")
+    for item in results.unavailable:
+        print(f"unavailable: {item['impl']}: {item['reason']}")
     found = fits(results)
     if found:
         print(f"\n{TITLE} (report --scaling):\n{text_table(found)}")

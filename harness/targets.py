@@ -140,6 +140,13 @@ def header(peak_tflops: float) -> list[str]:
     return [h.format(peak=f"{peak_tflops:g}") for h in HEADER] + [f"vs {BASELINE}"]
 
 
+def pct_text(value: float) -> str:
+    """A % of floor to one decimal, or to two where one would round it onto the target's side it
+    is not on (49.96 reads "49.96", not "50.0")."""
+    text = f"{value:.1f}"
+    return text if (float(text) >= TARGET_PCT) == (value >= TARGET_PCT) else f"{value:.2f}"
+
+
 def cells(t: TargetRow) -> list[tuple[str, bool]]:
     """A target row's cells as (text, reaches the target) pairs, in :func:`header`'s order; the
     flag is True only on a % of floor at or above the target."""
@@ -156,7 +163,7 @@ def cells(t: TargetRow) -> list[tuple[str, bool]]:
         )
 
     def pct(value: float | None) -> tuple[str, bool]:
-        return ("-", False) if value is None else (f"{value:.1f}", value >= TARGET_PCT)
+        return ("-", False) if value is None else (pct_text(value), value >= TARGET_PCT)
 
     base = t.baselines.get(BASELINE)
     return out + [
@@ -173,8 +180,14 @@ def cells(t: TargetRow) -> list[tuple[str, bool]]:
 def count_line(results: Results, rows: Sequence[TargetRow], peak_tflops: float = DEFAULT_PEAK_TFLOPS) -> str:
     board = (results.ceilings or {}).get("bf16_tflops")
     board_text = f"{board:.1f} TFLOP/s" if isinstance(board, (int, float)) else "its measured peak"
+    timed = sum(t.cold is not None and t.cold.timed for t in rows)
+    of = (
+        f"{len(rows)} target cases"
+        if timed == len(rows)
+        else f"the {timed} target cases this run timed ({len(rows) - timed} not timed)"
+    )
     return (
-        f"{sum(t.reached for t in rows)} of {len(rows)} target cases at >= {TARGET_PCT:g} % of the floor "
+        f"{sum(t.reached for t in rows)} of {of} at >= {TARGET_PCT:g} % of the floor "
         f"(this board's {board_text}); {sum(t.reached_at_peak for t in rows)} at {peak_tflops:g} TFLOP/s."
     )
 

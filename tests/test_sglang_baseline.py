@@ -161,7 +161,15 @@ def test_sglang_args_are_what_the_backend_passes_for_mla_verify() -> None:
 def test_unavailable_on_cpu_without_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     ok, reason = impl_sglang.availability(torch.device("cpu"))
-    assert not ok and "TRITON_INTERPRET" in reason
+    assert not ok and "needs a CUDA device" in reason and "TRITON_INTERPRET" not in reason
+
+
+def test_bf16_inputs_are_refused_under_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interpreter's bf16 dot products are wrong: an error that says so, not a wrong output."""
+    fake = impl_sglang.SglangKernel(extend_attention_fwd=None, module="stub", version="0", interpreted=True)
+    monkeypatch.setattr(impl_sglang, "load_kernel", lambda: fake)
+    with pytest.raises(RuntimeError, match="cannot run bf16 inputs"):
+        impl_sglang.prepare(planted_batch(torch.bfloat16))
 
 
 @pytest.fixture

@@ -480,7 +480,7 @@ def test_cpu_sweep_lists_unavailable_implementations_with_their_reason(cpu_sweep
 def test_cpu_sweep_rows_carry_a_repro_command_for_their_case(cpu_sweep: dict) -> None:
     row = next(r for r in cpu_sweep["results"].sweep if r.impl == "quick-impl")
     assert row.repro == (
-        f"python -m harness sweep --grid {cpu_sweep['grid']} --case-filter {row.case_id} --impls quick-impl --modes cold"
+        f"python -m harness sweep --grid {cpu_sweep['grid']} --case-filter {row.case_id} --impls quick-impl --modes cold --device cpu"
     )
     assert cpu_sweep["results"].command.startswith(f"python -m harness sweep --grid {cpu_sweep['grid']}")
 
