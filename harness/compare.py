@@ -848,7 +848,11 @@ def resolve_pairs(base_arg: str, head_arg: str, *, cwd: Path | None = None) -> l
                 raise CompareError(f"{name}: {arg!r} is not a results file or report folder, and {e}") from e
         if resolve_revision(repo, arg) is None:
             gz = cwd / f"{arg}.gz"
-            hint = f" ({gz.name} is there: pass it, or its folder)" if arg.endswith(".json") and gz.is_file() else ""
+            hint = (
+                f" ({gz.name} is there: pass it, or its folder)"
+                if arg.endswith(".json") and gz.is_file()
+                else ""
+            )
             raise CompareError(
                 f"{name}: {arg!r} is neither a results.json, a report folder, nor a git revision of {repo}{hint}"
             )

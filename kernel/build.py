@@ -28,7 +28,13 @@ from types import ModuleType
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("binding.cpp", "verify_attention.cu")
-HEADERS = ("verify_attention.cuh", "verify_attention_sm90.cuh", "verify_attention.h", "messages.h", "checks.h")
+HEADERS = (
+    "verify_attention.cuh",
+    "verify_attention_sm90.cuh",
+    "verify_attention.h",
+    "messages.h",
+    "checks.h",
+)
 CUDA_FLAGS = ("-O3", "-std=c++17", "--use_fast_math", "-lineinfo")
 CXX_FLAGS = ("-O3", "-std=c++17")
 
