@@ -85,7 +85,15 @@ from harness.impl_kernel import kernel_call
 from harness.registry import RunFn, impl_config_of
 from harness.results import REPORTS_DIR, Results, SweepRow, atomic_write_text, kept_elsewhere, write_results
 from harness.sweep import GridError, PlannedCase, TimingPolicy, load_grid, with_speedups
-from harness.timing import exclusive_gpu, l2_bytes_of, measure, rotation_sets, round_sig, summarize
+from harness.timing import (
+    GpuLockError,
+    exclusive_gpu,
+    l2_bytes_of,
+    measure,
+    rotation_sets,
+    round_sig,
+    summarize,
+)
 
 DEFAULT_ROUNDS = 6
 MIN_SAMPLES_PER_ROUND = 5
@@ -598,7 +606,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     try:
         return run_ab(args)
-    except (ABError, compare.CompareError, GridError) as e:
+    except (ABError, compare.CompareError, GridError, GpuLockError) as e:
         print(f"ab: {e}", file=sys.stderr)
         return 2
 

@@ -34,6 +34,12 @@ DEFAULT_TREE = "eagle"
 SM_SCALE = 1 / math.sqrt(192)  # DeepSeek-V3: qk head dim 128 + 64, as in the bundles
 
 
+# The largest tree each kind can build (tree.eagle_tree raises above it: 457 nodes); kinds not
+# named have no limit a case could reach (ddtree's, 8 children a node over 16 depths, is beyond
+# any batch that fits in memory).
+MAX_TREE_SIZE = {"eagle": tree.EAGLE_MAX_NODES}
+
+
 def _tree_builders() -> dict[str, Callable[[int, int], Sequence[int]]]:
     return {
         "chain": lambda size, seed: tree.chain(size),
@@ -61,6 +67,13 @@ class CaseParams:
             raise ValueError(f"case: prefix_len must be >= 0, got {self.prefix_len}")
         if self.tree not in TREE_KINDS:
             raise ValueError(f"case: tree must be one of {', '.join(TREE_KINDS)}, got {self.tree!r}")
+        # refused when the case is made (as a grid is read), not when a sweep reaches it
+        limit = MAX_TREE_SIZE.get(self.tree)
+        if limit is not None and self.tree_size > limit:
+            raise ValueError(
+                f"case: tree_size must be <= {limit} with tree {self.tree!r} (the most nodes that "
+                f"kind of tree has), got {self.tree_size}"
+            )
         if self.layout not in LAYOUTS:
             raise ValueError(f"case: layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
 

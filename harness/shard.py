@@ -1150,13 +1150,19 @@ def workers_folder(prefix: str) -> Iterator[Path]:
     """A temporary folder for the workers' files (``prefix`` + a unique suffix, in the system's
     temporary folder). An interrupted run removes it: what the workers left there is partial,
     and a finished shard's results.json would look like a whole run's. The run removes it
-    itself when it writes its report, and keeps it, named, when a worker failed."""
+    itself when it writes its report, and keeps it, named, when a worker failed (a result the
+    run returns, not an exception)."""
     folder = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         yield folder
-    except KeyboardInterrupt:
+    except BaseException:  # interrupted, or no GPU lock: nothing there is a result
         shutil.rmtree(folder, ignore_errors=True)
         raise
+
+
+def _gpu_lock(opts: SweepOptions) -> contextlib.AbstractContextManager:
+    """The box's GPU lock for a CUDA run; a CPU run neither waits for one nor holds one up."""
+    return exclusive_gpu() if opts.device.type == "cuda" else contextlib.nullcontext()
 
 
 def _main_sharded(args: argparse.Namespace, opts: SweepOptions) -> int:
@@ -1175,7 +1181,7 @@ def _main_sharded(args: argparse.Namespace, opts: SweepOptions) -> int:
     _check_can_run(opts, args.out)
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     with workers_folder("verify-attention-shards-") as tmp:
-        with exclusive_gpu():
+        with _gpu_lock(opts):
             outcomes = run_workers(args, slots, shards, tmp, timeout_s)
         parts: list[Part] = []
         failures: list[Failure] = []
@@ -1232,7 +1238,7 @@ def _main_tp(args: argparse.Namespace, opts: SweepOptions) -> int:
     )
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     with workers_folder("verify-attention-tp-") as tmp:
-        with exclusive_gpu():
+        with _gpu_lock(opts):
             outcomes = run_ranks(spec, slots, tmp, timeout_s)
         loaded = [(o, o.results()) for o in outcomes]
         if any(r is None for _, r in loaded):

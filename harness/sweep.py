@@ -37,8 +37,10 @@ Per case the batch is built once on the device; before timing, every implementat
 an output with NaN or Inf is recorded as an error row and never timed. Rows carry the raw samples
 (4 significant digits), statistics, bytes, FLOPs, the roofline floor, speedups over the other
 implementations of the same case and mode, NVML state before and after, and a repro command.
-The run holds the box's GPU lock throughout (:func:`harness.timing.exclusive_gpu`) and writes
-``reports/<UTC time>-sweep-<grid>-<gpu>-<sha7>/`` (results.json + index.html) unless ``--out``.
+A CUDA run holds the box's GPU lock throughout (:func:`harness.timing.exclusive_gpu`; a CPU run
+takes none) and writes ``reports/<UTC time>-sweep-<grid>-<gpu>-<sha7>/`` (results.json +
+index.html) unless ``--out``. A case whose batch cannot be built (out of memory, say) is an
+error row for each of its implementations and modes, and the sweep goes on to the next case.
 
 Modes: ``cold`` times eager calls, ``graph`` CUDA-graph replays; both on a cold L2 (the method
 is in :mod:`harness.timing`). A progress bar shows the case, implementation and mode being timed
@@ -65,6 +67,7 @@ a worker of a ``--gpus``/``--tp`` run failed (no report is written then).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import math
 import os
@@ -87,7 +90,16 @@ from harness.registry import Implementation, RunFn, impl_config_of
 from harness.results import REPORTS_DIR as REPORTS_DIR  # the repository's reports/, from any directory
 from harness.results import Results, ResultsError, SweepRow, run_folder
 from harness.roofline import Ceilings, measure_ceilings, throughput
-from harness.timing import MODES, Timing, exclusive_gpu, l2_bytes_of, measure, rotation_sets, round_sig
+from harness.timing import (
+    MODES,
+    GpuLockError,
+    Timing,
+    exclusive_gpu,
+    l2_bytes_of,
+    measure,
+    rotation_sets,
+    round_sig,
+)
 
 try:
     import tomllib
@@ -100,6 +112,7 @@ AXES = ("batch_size", "prefix_len", "num_heads", "tree_size", "tree", "layout")
 DEFAULT_AXES: dict[str, list[Any]] = {"tree": ["eagle"], "layout": ["shuffled"]}
 GROUP_KEYS = {"name", "impls", "modes", "timing", *AXES}
 TOP_KEYS = {"description", "timing", "reference", "group"}
+REFERENCE_KEYS = {"max_gflop"}
 
 
 class GridError(ValueError):
@@ -157,8 +170,8 @@ class Grid:
         by_case: dict[str, CaseParams] = {}
         runs: dict[str, dict[str, tuple[str, PlannedRun]]] = {}
         for group in self.groups:
-            # overlaps between groups that name implementations are errors on every box, also
-            # where those implementations are unavailable
+            # parse_grid refuses overlapping groups already; this check keeps a grid built in
+            # code from timing a case and implementation twice
             names = group.impls if group.impls is not None else impl_names
             group_modes = tuple(m for m in group.modes if m in modes)
             for case in group.cases:
@@ -251,6 +264,32 @@ def _timing(source: str, where: str, table: Any, base: TimingPolicy) -> TimingPo
     return policy
 
 
+def _check_overlaps(source: str, groups: Sequence[Group]) -> None:
+    """Raise GridError when two groups time one case with one implementation.
+
+    Checked here rather than only when a run is planned, so that ``--list`` and every command
+    that loads the grid refuse it alike, whatever ``--impls`` narrows and whatever is available
+    on the box. A group without ``impls`` times every implementation, so it overlaps every
+    other group that has one of its cases.
+    """
+    first: dict[str, list[Group]] = {}
+    for group in groups:
+        for case in group.cases:
+            for other in first.get(case.case_id, []):
+                if other.impls is None or group.impls is None:
+                    shared = sorted(set(other.impls or ()) | set(group.impls or ()))
+                else:
+                    shared = sorted(set(other.impls) & set(group.impls))
+                    if not shared:
+                        continue
+                which = ", ".join(shared) if shared else "every implementation"
+                raise GridError(
+                    f"{source}: case {case.case_id} with {which} is in groups {other.name!r} and "
+                    f"{group.name!r}; a case and implementation may appear in one group only"
+                )
+            first.setdefault(case.case_id, []).append(group)
+
+
 def parse_grid(text: str, *, name: str, source: str) -> Grid:
     """A grid from TOML text; every error names ``source``, the group and the key."""
     try:
@@ -262,7 +301,17 @@ def parse_grid(text: str, *, name: str, source: str) -> Grid:
         raise GridError(f"{source}: unknown top-level keys {unknown}; expected among {sorted(TOP_KEYS)}")
     base = _timing(source, "[timing]", doc.get("timing", {}), TimingPolicy())
     reference = doc.get("reference", {})
-    max_gflop = reference.get("max_gflop", math.inf) if isinstance(reference, dict) else reference
+    if not isinstance(reference, dict):
+        raise GridError(
+            f"{source}: reference must be a [reference] table (max_gflop = ...), got {reference!r}"
+        )
+    # a misspelt cap would otherwise leave the reference timed on every case, however slow
+    unknown = sorted(set(reference) - REFERENCE_KEYS)
+    if unknown:
+        raise GridError(
+            f"{source}, [reference]: unknown keys {unknown}; expected among {sorted(REFERENCE_KEYS)}"
+        )
+    max_gflop = reference.get("max_gflop", math.inf)
     # inf is the default (no cap); nan would compare false with every size, a cap in name only
     if isinstance(max_gflop, bool) or not isinstance(max_gflop, (int, float)) or not max_gflop >= 0:
         raise GridError(f"{source}, [reference]: max_gflop must be a non-negative number, got {max_gflop!r}")
@@ -307,6 +356,7 @@ def parse_grid(text: str, *, name: str, source: str) -> Grid:
                 timing=_timing(source, where, g.get("timing", {}), base),
             )
         )
+    _check_overlaps(source, groups)
     return Grid(
         name=name,
         source=source,
@@ -594,6 +644,31 @@ def progress_bar(total: int, desc: str) -> Any:
     return FileBar(total=total, unit="run", desc=desc, dynamic_ncols=True, mininterval=FILE_REFRESH_S)
 
 
+def case_batches(params: CaseParams, device: torch.device, l2: int) -> tuple[list, str]:
+    """(batches, "") with the case's batch and, on a GPU, the further input sets it rotates
+    through for a cold L2; ([], why) when they cannot be built.
+
+    One case that does not fit (out of memory on a big case, say) becomes error rows and the
+    sweep goes on, rather than ending the run and losing every row timed before it. The
+    exception, and with it what the failed build allocated, is dropped on return, so that the
+    caller can give that memory back before the next case.
+    """
+    try:
+        batches = [build_batch(params, device)]
+        sets = rotation_sets(batches[0].min_bytes(), l2) if device.type == "cuda" else 0
+        batches += [build_batch(params, device, input_set=k) for k in range(1, sets)]
+    except Exception as e:
+        return [], f"the case's inputs could not be built: {type(e).__name__}: {e}"
+    return batches, ""
+
+
+def unbuilt_size(params: CaseParams) -> tuple[int, int]:
+    """(bytes, FLOPs) of a case whose batch could not be built, for its error rows."""
+    from harness.shard import case_bytes, case_flops  # shard imports this module
+
+    return case_bytes(params), case_flops(params)
+
+
 def run_sweep(opts: SweepOptions, command: str) -> Results:
     """Time the planned cases; returns the run's Results (not yet written)."""
     device = opts.device
@@ -629,14 +704,22 @@ def run_sweep(opts: SweepOptions, command: str) -> Results:
     total = sum(len(r.modes) for c in plan for r in c.runs)
     with progress_bar(total, f"sweep {opts.grid.name}") as progress:
         for case in plan:
-            batches = [build_batch(case.params, device)]
-            sets = rotation_sets(batches[0].min_bytes(), l2) if device.type == "cuda" else 0
-            batches += [build_batch(case.params, device, input_set=k) for k in range(1, sets)]
-            gflop = batches[0].flops() / 1e9
+            batches, why = case_batches(case.params, device, l2)
+            if why and device.type == "cuda":
+                torch.cuda.empty_cache()  # what the failed build allocated goes back before the next case
+            nbytes, flops = (
+                (batches[0].min_bytes(), batches[0].flops()) if batches else unbuilt_size(case.params)
+            )
             for run in case.runs:
                 impl = impls[run.impl]
-                if impl.is_reference and gflop > opts.grid.reference_max_gflop:
+                if impl.is_reference and flops / 1e9 > opts.grid.reference_max_gflop:
                     skipped_reference.setdefault(impl.name, []).append(case.params.case_id)
+                    progress.update(len(run.modes))
+                    continue
+                if why:
+                    rows += [
+                        error_row(opts, case.params, impl.name, m, nbytes, flops, why) for m in run.modes
+                    ]
                     progress.update(len(run.modes))
                     continue
                 rows += _time_impl(opts, case.params, impl, run, batches, ceilings, progress)
@@ -691,7 +774,10 @@ def main(args: argparse.Namespace) -> int:
     if args.gpus is not None or args.tp is not None:
         from harness import shard
 
-        return shard.main(args, opts)
+        try:
+            return shard.main(args, opts)
+        except GpuLockError as e:
+            return _error(str(e))
     if args.worker_timeout is not None:
         return _error(
             f"--worker-timeout {args.worker_timeout:g}: applies to the workers of --gpus/--tp only; "
@@ -721,12 +807,18 @@ def main(args: argparse.Namespace) -> int:
     if why:
         return _error(why)
     command = shlex.join(["python", "-m", "harness", "sweep", *command_args(args)])
-    if args.shard is not None:
+    if device.type != "cuda":
+        # the lock keeps timed GPU runs apart; a CPU run neither waits for one nor holds one up
+        lock: contextlib.AbstractContextManager = contextlib.nullcontext()
+    elif args.shard is not None:
         lock = shard.worker_lock(device, under_parent=shard.PARENT_ENV in os.environ)
     else:
         lock = exclusive_gpu()
-    with lock:
-        results = run_sweep(opts, command)
+    try:
+        with lock:
+            results = run_sweep(opts, command)
+    except GpuLockError as e:
+        return _error(str(e))
     return write_sweep_report(results, args.out, grid.name)
 
 

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import IO
 
 import torch
 
@@ -367,11 +368,41 @@ def measure(
     return Timing(mode=mode, samples_ms=samples, stats=summarize(samples), cold_l2=cold_l2, note=note)
 
 
+class GpuLockError(RuntimeError):
+    """The GPU lock file cannot be opened; the message names it and what to do."""
+
+
+def _open_lock(path: Path) -> tuple[IO[str], bool]:
+    """(file, writable): the lock file, created if missing, opened for writing where this user
+    may and read-only otherwise.
+
+    The file is created with mode 0o666 so that other users' runs can open it too; the umask
+    narrows that (0o644 under the usual 022), and a file left so by another user is opened
+    read-only: ``flock`` needs no write access, so the runs still exclude each other, only the
+    holder's pid is not written for a waiting run to show.
+    """
+    try:
+        return open(os.open(path, os.O_RDWR | os.O_CREAT, 0o666), "r+", encoding="utf-8"), True
+    except PermissionError as e:
+        error: OSError = e
+        with contextlib.suppress(OSError):  # else the first error is the one to show
+            return open(os.open(path, os.O_RDONLY), encoding="utf-8"), False
+    except OSError as e:
+        error = e
+    raise GpuLockError(
+        f"cannot open the GPU lock file {path}: {error.strerror or error}. Remove it if no run is "
+        "using it, or give every user read access to it; or set TMPDIR to a folder you can write, "
+        "which moves the lock there (runs with another TMPDIR then do not wait for this one)"
+    ) from error
+
+
 @contextlib.contextmanager
 def exclusive_gpu(path: Path = GPU_LOCK_PATH) -> Iterator[None]:
     """Hold an exclusive ``fcntl`` lock on ``path`` while timing: two timed runs on one box
-    would share the GPU and slow each other down. Waits (saying so) while another holds it."""
-    with open(path, "a+", encoding="utf-8") as f:
+    would share the GPU and slow each other down. Waits (saying so) while another holds it.
+    Raises GpuLockError, naming ``path``, when the lock file cannot be opened."""
+    f, writable = _open_lock(path)
+    with f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -379,13 +410,15 @@ def exclusive_gpu(path: Path = GPU_LOCK_PATH) -> Iterator[None]:
             holder = f.read().strip() or "another process"
             print(f"waiting for the GPU lock {path} held by {holder}", file=sys.stderr)
             fcntl.flock(f, fcntl.LOCK_EX)
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()}\n")
-        f.flush()
+        if writable:
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()}\n")
+            f.flush()
         try:
             yield
         finally:
-            f.seek(0)
-            f.truncate()
+            if writable:
+                f.seek(0)
+                f.truncate()
             fcntl.flock(f, fcntl.LOCK_UN)

@@ -218,6 +218,12 @@ def ddtree(num_draft: int, seed: int) -> tuple[int, ...]:
     return _best_first(num_draft, depth_probs, branch=8)
 
 
+# EAGLE-2's defaults are top-k 8 over 6-8 steps; 8 x 8 also covers trees of 256+ nodes.
+EAGLE_TOP_K, EAGLE_DEPTHS = 8, 8
+# The root, its top k children, then k frontier nodes expanded into k children at each later depth.
+EAGLE_MAX_NODES = 1 + EAGLE_TOP_K + (EAGLE_DEPTHS - 1) * EAGLE_TOP_K * EAGLE_TOP_K
+
+
 def eagle_tree(num_draft: int, seed: int) -> tuple[int, ...]:
     """An EAGLE-2-like tree: top-k expansion over several depths, then the best nodes overall.
 
@@ -228,8 +234,7 @@ def eagle_tree(num_draft: int, seed: int) -> tuple[int, ...]:
     """
     _check_size(num_draft)
     rng = _rng(seed)
-    # EAGLE-2's defaults are top-k 8 over 6-8 steps; 8 x 8 also covers trees of 256+ nodes.
-    k, depths = 8, 8
+    k, depths = EAGLE_TOP_K, EAGLE_DEPTHS
     # candidate: (log path probability, depth, parent candidate id); id 0 is the root
     cands: list[tuple[float, int, int]] = [(0.0, 0, -1)]
     frontier = [0]

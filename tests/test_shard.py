@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import registry, shard
+from harness import registry, shard, timing
 from harness.batch import VerifyBatch
 from harness.cases import CaseParams, build_batch
 from harness.cli import main as cli_main
@@ -782,3 +782,23 @@ def test_spin_outlasts_the_whole_enqueue() -> None:
 
     assert spin_ms([0.02, 0.03, 0.025]) == pytest.approx(2 * 0.025 + SPIN_MARGIN_MS)
     assert spin_ms([5.0]) == MAX_SPIN_MS
+
+
+def test_a_cpu_run_of_workers_takes_no_gpu_lock_and_a_cuda_run_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    taken = []
+    monkeypatch.setattr(shard, "exclusive_gpu", lambda: taken.append("lock") or contextlib.nullcontext())
+    with shard._gpu_lock(_opts()):
+        pass
+    assert taken == []
+    with shard._gpu_lock(replace(_opts(), device=torch.device("cuda"))):
+        pass
+    assert taken == ["lock"]
+
+
+def test_the_workers_folder_goes_when_the_run_ends_in_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(timing.GpuLockError), shard.workers_folder("verify-attention-shards-"):
+        raise timing.GpuLockError("cannot open the GPU lock file")
+    assert list(tmp_path.iterdir()) == []

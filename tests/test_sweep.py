@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import registry, report, sweep
+from harness import registry, report, sweep, timing, tree
 from harness.batch import QK_DIM, VerifyBatch
-from harness.cases import CaseParams, build_batch
+from harness.cases import MAX_TREE_SIZE, CaseParams, build_batch
 from harness.cli import main as cli_main
 from harness.env import environment
 from harness.registry import Implementation
@@ -60,12 +60,22 @@ def test_case_id_names_a_tree_kind_other_than_eagle_except_for_a_single_node() -
         ({"prefix_len": -1}, "prefix_len must be >= 0, got -1"),
         ({"tree": "bush"}, "tree must be one of chain, eagle, ddtree, random, got 'bush'"),
         ({"layout": "paged"}, "layout must be one of contiguous, shuffled, got 'paged'"),
+        ({"tree_size": 458}, "tree_size must be <= 457 with tree 'eagle'"),
     ],
 )
 def test_case_params_reject_bad_values_naming_the_field(kwargs: dict, message: str) -> None:
     base = {"batch_size": 1, "prefix_len": 16, "num_heads": 8, "tree_size": 4}
     with pytest.raises(ValueError, match=message):
         CaseParams(**{**base, **kwargs})
+
+
+def test_the_eagle_tree_size_limit_is_the_most_nodes_its_builder_makes() -> None:
+    limit = MAX_TREE_SIZE["eagle"]
+    assert len(tree.eagle_tree(limit, 0)) == limit
+    with pytest.raises(ValueError, match=f"exceeds the {limit} candidates"):
+        tree.eagle_tree(limit + 1, 0)
+    assert build_batch(CaseParams(1, 16, 1, limit), "cpu").num_draft == (limit,)
+    assert CaseParams(1, 16, 1, limit + 1, tree="chain").tree_size == limit + 1  # no limit there
 
 
 def test_build_batch_has_the_shapes_and_offsets_of_its_params() -> None:
@@ -232,24 +242,64 @@ def test_case_filter_picks_the_exact_id_alone_or_every_id_containing_it() -> Non
         ("speed = 1\n" + GRID, r"unknown top-level keys \['speed'\]"),
         ("description = 'no groups'\n", r"expected at least one \[\[group\]\] table"),
         ("[[group]\n", r"t\.toml: not valid TOML"),
+        (GRID.replace("max_gflop = 1.0", "max_gflp = 1.0"),
+         r"t\.toml, \[reference\]: unknown keys \['max_gflp'\]; expected among \['max_gflop'\]"),
+        ("reference = 5\n" + GRID.replace("[reference]\nmax_gflop = 1.0\n", ""),
+         r"t\.toml: reference must be a \[reference\] table \(max_gflop = \.\.\.\), got 5"),
+        (GRID.replace("tree_size = [1, 4]", "tree_size = [1, 4, 500]").replace('tree = ["chain", "random"]', ""),
+         r"t\.toml, group 'main': case: tree_size must be <= 457 with tree 'eagle'.*got 500"),
     ],
     ids=["missing-axis", "axis-not-list", "bad-tree", "bad-mode", "bad-timing-key", "min-above-max",
-         "bad-group-key", "bad-top-key", "no-group", "bad-toml"],
+         "bad-group-key", "bad-top-key", "no-group", "bad-toml", "bad-reference-key", "reference-not-a-table",
+         "tree-too-big-for-its-kind"],
 )  # fmt: skip
 def test_bad_grids_are_rejected_naming_file_group_and_key(text: str, message: str) -> None:
     with pytest.raises(GridError, match=message):
         parse_grid(text, name="t", source="t.toml")
 
 
-def test_a_case_and_implementation_in_two_groups_is_an_error() -> None:
+def test_a_case_and_implementation_in_two_groups_is_an_error_when_the_grid_is_read() -> None:
     text = GRID.replace(
         'impls = ["b"]\nbatch_size = [2]', 'impls = ["b"]\ntree = ["chain"]\nbatch_size = [1]'
     )
-    grid = parse_grid(text, name="t", source="t.toml")
     with pytest.raises(
-        GridError, match="case B1-P64-T4-H8-shuffled-chain with b is in groups 'main' and 'extra'"
+        GridError, match="t.toml: case B1-P64-T4-H8-shuffled-chain with b is in groups 'main' and 'extra'"
     ):
-        grid.plan(["a", "b"])
+        parse_grid(text, name="t", source="t.toml")
+
+
+def _group(name: str, impls: str = "") -> str:
+    return f"""
+[[group]]
+name = "{name}"
+{impls}
+batch_size = [1]
+prefix_len = [64]
+num_heads = [8]
+tree_size = [4]
+"""
+
+
+def test_two_groups_without_impls_that_share_a_case_overlap_in_every_implementation() -> None:
+    with pytest.raises(
+        GridError,
+        match="t.toml: case B1-P64-T4-H8-shuffled with every implementation is in groups 'g' and 'g'",
+    ):
+        parse_grid(_group("g") + _group("g"), name="t", source="t.toml")
+
+
+def test_groups_that_share_a_case_but_no_implementation_do_not_overlap() -> None:
+    grid = parse_grid(
+        _group("g1", 'impls = ["a", "b"]') + _group("g2", 'impls = ["c"]'), name="t", source="t.toml"
+    )
+    (case,) = grid.plan(["a", "b", "c"])
+    assert [r.impl for r in case.runs] == ["a", "b", "c"]
+    with pytest.raises(GridError, match="case B1-P64-T4-H8-shuffled with b, c is in groups 'g1' and 'g2'"):
+        parse_grid(
+            _group("g1", 'impls = ["a", "b", "c"]') + _group("g2", 'impls = ["c", "b"]'),
+            name="t",
+            source="t.toml",
+        )
 
 
 def test_a_group_naming_an_unknown_implementation_is_an_error() -> None:
@@ -609,6 +659,116 @@ def test_sweep_without_tqdm_prints_progress_lines(
     assert "sweep cpu: 1/1 done in" in err
 
 
+@pytest.mark.parametrize(
+    ("failing", "other", "impls"),
+    [
+        (64, 4096, ["quick-impl", "reference-impl", "slow-impl"]),
+        # the case after rows already timed; the reference stays skipped above its size cap
+        (4096, 64, ["quick-impl", "slow-impl"]),
+    ],
+    ids=["first-case", "last-case"],
+)
+def test_a_case_that_cannot_be_built_is_error_rows_and_the_sweep_goes_on(
+    stand_ins: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys,
+    failing: int,
+    other: int,
+    impls: list[str],
+) -> None:
+    def build_batch(params: CaseParams, device, *, input_set: int = 0) -> VerifyBatch:
+        if params.prefix_len == failing:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+        return real_build_batch(params, device, input_set=input_set)
+
+    real_build_batch = sweep.build_batch
+    monkeypatch.setattr(sweep, "build_batch", build_batch)
+    out = tmp_path / "run"
+    args = [*_cpu_args(tmp_path), "--out", str(out), "--impls", "quick-impl,slow-impl,reference-impl"]
+    assert cli_main(args) == 1  # as for any run with error rows, its report written
+    results = load_results(out)
+    rows = {(r.case_id, r.impl): r for r in results.sweep}
+    case = f"B1-P{failing}-T4-H8-shuffled"
+    unbuilt = [r for (cid, _), r in rows.items() if cid == case]
+    assert sorted(r.impl for r in unbuilt) == impls
+    assert all(r.status == "error" and r.mode == "cold" and r.samples_ms == [] for r in unbuilt)
+    assert unbuilt[0].note == (
+        "the case's inputs could not be built: OutOfMemoryError: CUDA out of memory. Tried to allocate 80.00 GiB"
+    )
+    would_be = real_build_batch(CaseParams(1, failing, 8, 4), "cpu")
+    assert all((r.bytes, r.flops) == (would_be.min_bytes(), would_be.flops()) for r in unbuilt)
+    assert all(rows[(f"B1-P{other}-T4-H8-shuffled", i)].status == "ok" for i in ("quick-impl", "slow-impl"))
+    assert any("reference-impl" in n and "B1-P4096-T4-H8-shuffled" in n for n in results.notes)
+    assert f"error {case} quick-impl cold: the case's inputs could not be built" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# The GPU lock
+
+
+@pytest.mark.parametrize("extra", [[], ["--shard", "0/1"]], ids=["sweep", "shard-worker"])
+def test_a_cpu_sweep_takes_no_gpu_lock(
+    stand_ins: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str]
+) -> None:
+    from harness import shard
+
+    def locked(*args, **kwargs):
+        raise AssertionError("a CPU sweep took the GPU lock")
+
+    monkeypatch.setattr(sweep, "exclusive_gpu", locked)
+    monkeypatch.setattr(shard, "worker_lock", locked)
+    monkeypatch.delenv(shard.PARENT_ENV, raising=False)
+    args = [*_cpu_args(tmp_path), "--impls", "quick-impl", "--out", str(tmp_path / "run"), *extra]
+    assert cli_main(args) == 0
+
+
+@pytest.fixture()
+def cuda_sweep(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A ``--device cuda`` sweep on this box up to its lock: what it did, in order."""
+    events: list[str] = []
+
+    def run_sweep(opts, command):
+        events.append("timed")
+        return Results("sweep", "t", command, git={}, environment={})
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(sweep, "run_sweep", run_sweep)
+    monkeypatch.setattr(sweep, "write_sweep_report", lambda *args: events.append("written") or 0)
+    return events
+
+
+def test_a_cuda_sweep_times_while_it_holds_the_gpu_lock(
+    stand_ins: None, cuda_sweep: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @contextlib.contextmanager
+    def exclusive_gpu():
+        cuda_sweep.append("locked")
+        yield
+        cuda_sweep.append("unlocked")
+
+    monkeypatch.setattr(sweep, "exclusive_gpu", exclusive_gpu)
+    grid = tmp_path / "cpu.toml"
+    grid.write_text(CPU_GRID)
+    assert cli_main(["sweep", "--grid", str(grid), "--out", str(tmp_path / "run")]) == 0
+    assert cuda_sweep == ["locked", "timed", "unlocked", "written"]
+
+
+def test_a_gpu_lock_that_cannot_be_opened_exits_2_naming_the_lock_file(
+    stand_ins: None, cuda_sweep: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    lock = tmp_path / "no-such-folder" / "gpu.lock"
+    monkeypatch.setattr(sweep, "exclusive_gpu", lambda: timing.exclusive_gpu(lock))
+    grid = tmp_path / "cpu.toml"
+    grid.write_text(CPU_GRID)
+    out = tmp_path / "run"
+    assert cli_main(["sweep", "--grid", str(grid), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: cannot open the GPU lock file {lock}: No such file or directory" in err
+    assert "set TMPDIR" in err and "Traceback" not in err
+    assert cuda_sweep == [] and not out.exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # Refused before timing: exit 2, the option named, nothing written
 
@@ -648,6 +808,28 @@ def test_a_sweep_with_nothing_to_time_exits_2_naming_the_option_and_writes_nothi
     assert cli_main([*_cpu_args(tmp_path, grid_text), "--out", str(out), *extra]) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("listing", [True, False], ids=["list", "run"])
+@pytest.mark.parametrize(
+    ("grid_text", "message"),
+    [
+        (CPU_GRID + CPU_GRID[CPU_GRID.index("[[group]]") :],
+         "cpu.toml: case B1-P64-T4-H8-shuffled with every implementation is in groups 'all' and 'all'"),
+        (CPU_GRID.replace("tree_size = [4]", "tree_size = [4, 16, 500]"),
+         "cpu.toml, group 'all': case: tree_size must be <= 457 with tree 'eagle'"),
+    ],
+    ids=["overlapping-groups", "tree-too-big"],
+)  # fmt: skip
+def test_a_grid_the_sweep_cannot_plan_exits_2_before_listing_or_timing(
+    stand_ins: None, no_timing: None, tmp_path: Path, capsys, grid_text: str, message: str, listing: bool
+) -> None:
+    out = tmp_path / "run"
+    extra = ["--list"] if listing else ["--out", str(out)]
+    assert cli_main([*_cpu_args(tmp_path, grid_text), *extra]) == 2
+    captured = capsys.readouterr()
+    assert f"error: {tmp_path / message}" in captured.err and "Traceback" not in captured.err
+    assert captured.out == "" and not out.exists()
 
 
 def test_sweep_refuses_a_device_other_than_cuda_or_cpu(capsys) -> None:

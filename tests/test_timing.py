@@ -7,11 +7,15 @@ and CUDA-graph paths are ``gpu``-marked.
 
 from __future__ import annotations
 
+import builtins
 import fcntl
+import os
+import stat
 import statistics
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +24,7 @@ import torch
 from harness import nvml
 from harness.roofline import Ceilings, floor_ms, measure_ceilings, throughput
 from harness.timing import (
+    GpuLockError,
     exclusive_gpu,
     is_stable,
     measure,
@@ -196,11 +201,12 @@ def test_measure_rejects_min_samples_above_max_samples() -> None:
 # The GPU lock
 
 
-def test_exclusive_gpu_holds_the_lock_until_the_block_ends(tmp_path) -> None:
-    path = tmp_path / "gpu.lock"
+def _try_lock(path: Path) -> bool:
+    """Whether another holder could take the lock on ``path`` now (asked from another thread:
+    ``flock`` locks belong to open files, so a second open conflicts even in one process)."""
 
-    def try_lock() -> bool:
-        with open(path, "a+") as f:
+    def attempt() -> bool:
+        with open(path) as f:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -208,14 +214,85 @@ def test_exclusive_gpu_holds_the_lock_until_the_block_ends(tmp_path) -> None:
             fcntl.flock(f, fcntl.LOCK_UN)
             return True
 
+    result = []
+    worker = threading.Thread(target=lambda: result.append(attempt()))
+    worker.start()
+    worker.join()
+    return result == [True]
+
+
+def test_exclusive_gpu_holds_the_lock_until_the_block_ends(tmp_path) -> None:
+    path = tmp_path / "gpu.lock"
     with exclusive_gpu(path):
         assert "pid" in path.read_text()
-        result = []
-        worker = threading.Thread(target=lambda: result.append(try_lock()))
-        worker.start()
-        worker.join()
-        assert result == [False]
-    assert try_lock()
+        assert not _try_lock(path)
+    assert _try_lock(path)
+
+
+def test_exclusive_gpu_creates_a_lock_file_every_user_can_open(tmp_path) -> None:
+    path = tmp_path / "gpu.lock"
+    umask = os.umask(0)  # the mode asked for, without this process's umask
+    try:
+        with exclusive_gpu(path):
+            pass
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666
+
+
+def test_exclusive_gpu_locks_another_users_lock_file_it_may_only_read(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "gpu.lock"
+    path.write_text("")
+    # A file of another user with mode 0o644 (the tests may run as root, whom modes do not
+    # stop): this user's opening it for writing is refused, by either way of opening it.
+    real_os_open, real_open = os.open, builtins.open
+
+    def refused(file: object) -> PermissionError:
+        return PermissionError(13, "Permission denied", str(file))
+
+    def os_open(file, flags, *args):
+        if Path(file) == path and flags & (os.O_WRONLY | os.O_RDWR):
+            raise refused(file)
+        return real_os_open(file, flags, *args)
+
+    def open_(file, mode="r", *args, **kwargs):
+        if not isinstance(file, int) and Path(file) == path and set(mode) & set("wa+"):
+            raise refused(file)
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", os_open)
+    monkeypatch.setattr(builtins, "open", open_)
+    with exclusive_gpu(path):
+        assert not _try_lock(path)
+    assert _try_lock(path) and path.read_text() == ""
+
+
+def test_exclusive_gpu_names_a_lock_file_it_cannot_open_and_what_to_do(tmp_path) -> None:
+    path = tmp_path / "no-such-folder" / "gpu.lock"
+    with pytest.raises(
+        GpuLockError, match=rf"cannot open the GPU lock file {path}: No such file or directory"
+    ):
+        with exclusive_gpu(path):
+            raise AssertionError("the lock was taken")
+
+
+def test_exclusive_gpu_in_a_folder_it_cannot_write_says_permission_denied(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "gpu.lock"
+    real_open = os.open
+
+    def read_only_folder(file, flags, *args):
+        if Path(file) == path and flags & os.O_CREAT:
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, flags, *args)
+
+    monkeypatch.setattr(os, "open", read_only_folder)
+    with pytest.raises(GpuLockError, match=rf"{path}: Permission denied\. Remove it .* set TMPDIR"):
+        with exclusive_gpu(path):
+            raise AssertionError("the lock was taken")
 
 
 # ---------------------------------------------------------------------------------------------
