@@ -37,7 +37,9 @@ it finished. The other steps write their own report folders under ``reports/`` a
 Running again into the same ``--out`` replaces the records of the steps it runs and keeps the
 others (e.g. ``--only tp`` after a box with more GPUs was lent). ``--list`` prints the plan and
 each skip's reason without running anything. ``--only``/``--skip`` that leave no step to run, or
-an ``--out`` that cannot be written, exit 2 before any step.
+an ``--out`` that is empty, cannot be written, holds another command's run (``results.json``:
+the mma-peak step writes into this folder) or a ``bringup.json`` this version cannot read back,
+exit 2 before any step.
 """
 
 from __future__ import annotations
@@ -265,20 +267,88 @@ def command_text(step: Step, out_dir: Path) -> str:
 
 
 def load_record(out_dir: Path) -> dict[str, Any] | None:
+    """The bring-up record a previous run left in ``out_dir`` (None when there is none), checked
+    for every field this run reads back (the steps and commands it keeps, the probe); ValueError
+    naming ``--out`` and the file otherwise."""
     path = out_dir / RECORD_FILE
-    if not path.is_file():
+    if not (path.exists() or path.is_symlink()):
         return None
+    there = f"--out {out_dir}: {RECORD_FILE} there"
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # JSON and UTF-8 errors are ValueErrors
+        why = e.strerror if isinstance(e, OSError) and e.strerror else e
         raise ValueError(
-            f"--out {out_dir}: {RECORD_FILE} there is unreadable ({e}); give another folder"
+            f"{there} is unreadable ({why}); expected a bring-up's record: give another folder"
         ) from e
-    if record.get("schema") != SCHEMA:
+    if not isinstance(record, dict) or record.get("schema") != SCHEMA:
+        schema = record.get("schema") if isinstance(record, dict) else f"none: a JSON {type(record).__name__}"
         raise ValueError(
-            f"--out {out_dir}: {RECORD_FILE} there is not a bringup record (schema {record.get('schema')!r})"
+            f"{there} is not a bringup record (schema {schema!r}); expected {SCHEMA!r}: give another folder"
         )
+    version = record.get("schema_version")
+    if type(version) is not int or version != SCHEMA_VERSION:
+        raise ValueError(
+            f"{there} has schema_version {version!r}; this harness reads version {SCHEMA_VERSION} "
+            "only: give another folder"
+        )
+    problem = _record_problem(record)
+    if problem:
+        raise ValueError(f"{there} is malformed: {problem}; give another folder")
     return record
+
+
+def _record_problem(record: dict[str, Any]) -> str:
+    """What in a bring-up record this run could not read back, naming the field; "" when none."""
+
+    def text(value: Any) -> bool:
+        return isinstance(value, str)
+
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    if record.get("created_utc") is not None and not text(record["created_utc"]):
+        return f"created_utc must be a string, got {record['created_utc']!r}"
+    commands = record.get("commands", [])
+    if not isinstance(commands, list):
+        return f"commands must be a list, got {type(commands).__name__}"
+    for i, c in enumerate(commands):
+        if not (isinstance(c, dict) and text(c.get("command")) and text(c.get("started_utc"))):
+            return f"commands[{i}] must be an object with the strings command and started_utc, got {c!r}"
+    probe = record.get("probe")
+    if probe is not None and not (
+        isinstance(probe, dict)
+        and isinstance(probe.get("auto", {}), dict)
+        and all(text(k) and text(v) for k, v in probe.get("auto", {}).items())
+    ):
+        return f"probe must be null or an object whose auto maps calls to configs, got {probe!r}"
+    steps = record.get("steps", [])
+    if not isinstance(steps, list):
+        return f"steps must be a list, got {type(steps).__name__}"
+    for i, st in enumerate(steps):
+        if not isinstance(st, dict):
+            return f"steps[{i}] must be an object, got {st!r}"
+        if not text(st.get("name")) or not st["name"]:
+            return f"steps[{i}] has no name (a non-empty string)"
+        where = f"steps[{i}] ({st['name']})"
+        if st.get("status") not in STATUSES:
+            return f"{where}: status must be one of {', '.join(STATUSES)}, got {st.get('status')!r}"
+        for key, ok, expected in (
+            ("rc", lambda v: type(v) is int, "an integer"),
+            ("seconds", number, "a number"),
+            ("command", text, "a string"),
+            ("what", text, "a string"),
+            ("reason", text, "a string"),
+            ("summary", text, "a string"),
+            ("log", text, "a string"),
+            ("started_utc", text, "a string"),
+        ):
+            if st.get(key) is not None and not ok(st[key]):
+                return f"{where}: {key} must be {expected} or null, got {st[key]!r}"
+        reports = st.get("reports", [])
+        if not (isinstance(reports, list) and all(text(r) for r in reports)):
+            return f"{where}: reports must be a list of strings, got {reports!r}"
+    return ""
 
 
 def render_readme(record: dict[str, Any]) -> str:
@@ -493,6 +563,9 @@ def main(
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.out is not None and not args.out:
+        print("error: --out is empty; expected the run's folder (or no --out for a new one)", file=sys.stderr)
+        return 2
     git = git_info()
     out_dir = (
         Path(args.out)
@@ -508,9 +581,15 @@ def main(
                 note = f"  [skipped: {reason}]" if reason else ""
             print(f"{s.name:12s} {command_text(s, out_dir)}{note}")
         return 0
-    from harness.cli import check_out_dir
+    from harness.cli import check_out_dir, held_results
 
     try:
+        held = held_results(out_dir) if out_dir.is_dir() else None
+        if held is not None:  # a sweep's or parity's folder; the mma-peak step writes into this one
+            raise ValueError(
+                f"--out {out_dir} holds a run's {held.name}: another command's report folder, not a "
+                "bring-up's; give a new folder, or a bring-up's to resume it"
+            )
         previous = load_record(out_dir) or {}
         check_out_dir(out_dir)
     except ValueError as e:

@@ -794,10 +794,11 @@ def generate(recipe: Mapping[str, Any], *, log: Callable[[str], object] | None =
 
 
 def _names(text: str | None) -> list[str]:
-    """``--bundles``: canonical names, comma-separated (default: all); raises ValueError."""
-    if not text:
+    """``--bundles``: canonical names, comma-separated, each once (default: all; an empty value is
+    not "all"); raises ValueError."""
+    if text is None:
         return list(CANONICAL)
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
     unknown = [n for n in names if n not in CANONICAL]
     if not names:
         raise ValueError(f"--bundles {text!r} names no bundle; known: {', '.join(CANONICAL)}")
@@ -835,9 +836,25 @@ def _cmd_list(args: argparse.Namespace, names: list[str]) -> int:
 
 def _cmd_generate(args: argparse.Namespace, names: list[str]) -> int:
     out_dir = Path(args.out)
+    taken = [out_dir / f"{n}.pt" for n in names if (out_dir / f"{n}.pt").is_dir()]
+    if taken:  # before minutes of generating
+        print(
+            f"bundles: --out {out_dir}: {', '.join(p.name for p in taken)} there "
+            f"{'is a folder' if len(taken) == 1 else 'are folders'}; expected a bundle file or nothing",
+            file=sys.stderr,
+        )
+        return 2
     for name in names:
         bundle = generate(CANONICAL[name], log=print)
-        path = save(bundle, out_dir / f"{name}.pt")
+        try:
+            path = save(bundle, out_dir / f"{name}.pt")
+        except OSError as e:
+            print(
+                f"bundles: --out {out_dir}: cannot write {name}.pt there ({e.strerror or e}); "
+                "expected a writable folder",
+                file=sys.stderr,
+            )
+            return 2
         print(
             f"{name}: wrote {path} ({path.stat().st_size / 2**20:.2f} MB), margin {bundle.certified_margin:.2f}"
         )

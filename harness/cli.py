@@ -9,10 +9,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import math
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from harness.results import RESULTS_FILE, RESULTS_GZ
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,15 +40,17 @@ def shown(path: Path | str) -> Path:
 
 
 def positive_number(what: str) -> Callable[[str], float]:
-    """An argparse ``type``: a number > 0, its error naming the unit (``what``)."""
+    """An argparse ``type``: a finite number > 0, its error naming the unit (``what``)."""
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             value = float("nan")
-        if not value > 0:
+        if not value > 0:  # nan too
             raise argparse.ArgumentTypeError(f"expected a positive number of {what}, got {text!r}")
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected a finite number of {what}, got {text!r}")
         return value
 
     return parse
@@ -57,6 +62,8 @@ def check_out_dir(path: Path | str, option: str = "--out") -> Path:
     if missing and probed with a file written and removed; the folders the probe created are
     removed again (writing the results creates them), so a command that stops before writing
     leaves nothing. Raises ValueError naming ``option``; returns ``path``."""
+    if not str(path):  # Path("") is the current folder: an empty value is a mistake, not a choice
+        raise ValueError(f"{option} is empty; expected a folder to write into (created if missing)")
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{option} {path} is a file; expected a folder to write into (created if missing)")
@@ -80,11 +87,28 @@ def check_out_dir(path: Path | str, option: str = "--out") -> Path:
     return path
 
 
+def held_results(folder: Path | str) -> Path | None:
+    """The run results ``folder`` already holds (``results.json``, else ``results.json.gz``), or
+    None."""
+    for name in (RESULTS_FILE, RESULTS_GZ):
+        found = Path(folder) / name
+        if found.exists() or found.is_symlink():
+            return found
+    return None
+
+
 def check_run_out_dir(out: Path | str | None, reports: Path) -> Path | None:
     """A run's ``--out`` checked by :func:`check_out_dir`, or without one the ``reports`` folder
-    that its own run folder will be made in (the error then says there was no ``--out``). Returns
-    ``out`` as a Path, or None without one. Raises ValueError."""
-    if out:
+    that its own run folder will be made in (the error then says there was no ``--out``). An
+    ``--out`` that already holds a run's results is refused: writing there would replace them.
+    Returns ``out`` as a Path, or None without one. Raises ValueError."""
+    if out is not None:
+        held = held_results(out) if str(out) and Path(out).is_dir() else None
+        if held is not None:
+            raise ValueError(
+                f"--out {out} already holds a run ({held.name}), which this run would replace; "
+                "expected a new folder: pick another"
+            )
         return check_out_dir(out)
     check_out_dir(reports, "no --out: the reports folder")
     return None

@@ -88,8 +88,9 @@ lent boards of one model can differ by more than the minimum effect where the GP
 (the heavy cases on an H200), and a same-GPU A/B cannot always vouch either way there (its
 spread is the power cap's); a person then decides, in a reviewed file, with the numbers beside it.
 
-Exit status: 1 on any (gated) SLOWER or parity regression, 2 when the inputs cannot be compared,
-else 0.
+Exit status: 1 on any (gated) SLOWER or parity regression, 2 when the inputs cannot be compared
+(``--history`` over a folder with no results file at all included) or the HTML diff cannot be
+written, else 0 (``--history`` with runs but no group of two: nothing to compare).
 The terminal gets a table; an HTML diff is written atomically to ``--out``.
 """
 
@@ -1244,7 +1245,13 @@ def _report(
         print(format_terminal(c))
         if vacuous:
             print(f"{head.key}: no case or parity row in common with {base.label}: nothing compared\n")
-        print(f"html: {write_html(c, args.out)}\n")
+        try:
+            print(f"html: {write_html(c, args.out)}\n")
+        except OSError as e:  # exit 1 says "regressions": a page that cannot be written is not one
+            raise CompareError(
+                f"--out {args.out}: cannot write {html_name(c)} there ({e.strerror or e}); "
+                "expected a writable folder"
+            ) from e
         regressions += len(c.regressions)
     if regressions:
         print(f"compare: {regressions} regression(s)", file=sys.stderr)
@@ -1286,6 +1293,12 @@ def run(args: argparse.Namespace) -> int:
         if args.history is not None:
             if args.base or args.head:
                 raise CompareError("--history takes no BASE/HEAD arguments; give one or the other")
+            history = Path(args.history)
+            if history.is_dir() and not results_files_under(history):  # a wrong folder: no pass
+                raise CompareError(
+                    f"--history {args.history}: no results.json (or results.json.gz) found there; "
+                    "expected the reports folder"
+                )
             pairs = history_pairs(Path(args.history))
             if args.waivers is None and (Path(args.history) / WAIVERS_FILE).is_file():
                 args.waivers = Path(args.history) / WAIVERS_FILE
@@ -1309,6 +1322,13 @@ def run(args: argparse.Namespace) -> int:
     except (CompareError, ResultsError) as e:
         print(f"compare: {e}", file=sys.stderr)
         return 2
+
+
+def out_folder(text: str) -> Path:
+    """``--out``: a folder; an empty value (which Path reads as the current folder) is refused."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a folder for the HTML diff, got ''")
+    return Path(text)
 
 
 def parse_min_change(text: str) -> float:
@@ -1343,7 +1363,10 @@ def register_cli(sub: Any) -> None:
     p.add_argument("--history", metavar="DIR", help="compare the newest two runs of every group under DIR")
     p.add_argument("--force", action="store_true", help="compare runs of different GPU models or kinds")
     p.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT, help=f"folder for the HTML diff (default {DEFAULT_OUT})"
+        "--out",
+        type=out_folder,
+        default=DEFAULT_OUT,
+        help=f"folder for the HTML diff (default {DEFAULT_OUT})",
     )
     p.add_argument(
         "--min-change",

@@ -12,8 +12,10 @@ the golden ones (token-exact, see harness.readout). An implementation that canno
 ``python -m harness parity [--bundles a,b] [--impls x,y] [--device cuda|cpu] [--out DIR]
 [--mutations]`` writes results.json + index.html and exits 1 if any available
 implementation fails (with ``--mutations``: also if a mutant is never caught or the bf16
-control fails), 2 when it cannot run: a bad argument (checked before the run: names, ``--device
-cuda`` without CUDA, an ``--out`` that cannot be written) or a bundle that cannot be used.
+control fails), 2 when it cannot run: a bad argument (checked before the run: names, an empty
+value, ``--device cuda`` without CUDA, ``--impls`` of which none is available here, an ``--out``
+that cannot be written or already holds a run) or a bundle that cannot be used, or when its
+report cannot be written.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from harness.materialise import PoolMismatchError
 from harness.registry import Implementation, implementations
 from harness.results import REPORTS_DIR as REPORTS_DIR  # where runs are written, as before
 from harness.results import ParityRow, Results, ResultsError, run_folder
-from harness.timing import exclusive_gpu
+from harness.timing import GpuLockError, exclusive_gpu
 
 REL_TOL = 1e-2
 COS_TOL = 0.9999
@@ -153,8 +155,14 @@ def run_parity(
     availability = {impl.name: impl.availability(device) for impl in impls}
     unavailable = [{"impl": name, "reason": reason} for name, (ok, reason) in availability.items() if not ok]
     rows = []
+    seen: dict[str, str] = {}  # bundle name -> the --bundles entry that holds it
     for name in bundle_names:
         bundle = load(name)
+        if seen.setdefault(bundle.name, name) != name:  # two files of one bundle: rows compare refuses
+            raise BundleError(
+                f"--bundles: {name} holds bundle {bundle.name!r}, as {seen[bundle.name]} does; "
+                "expected each bundle once"
+            )
         start = time.perf_counter()
         batch = to_batch(bundle, device)
         log(f"{name}: pool materialised and checked in {time.perf_counter() - start:.1f} s")
@@ -176,13 +184,14 @@ def default_out_dir(now: datetime, gpu: dict[str, Any] | None, git: dict[str, An
 
 
 def _split(text: str | None, option: str) -> list[str] | None:
-    """A comma-separated option's items (None when not given); raises ValueError when it names none."""
-    if not text:
+    """A comma-separated option's items, each once in the order given (None when not given: an
+    empty value is not "all"); raises ValueError when it names none."""
+    if text is None:
         return None
     items = [x.strip() for x in text.split(",") if x.strip()]
     if not items:
         raise ValueError(f"{option} {text!r} names nothing; expected comma-separated names")
-    return items
+    return list(dict.fromkeys(items))
 
 
 def _select(names: list[str] | None, impls: list[Implementation]) -> list[Implementation]:
@@ -206,7 +215,26 @@ def _bundle_names(text: str | None) -> list[str]:
             f"--bundles: {', '.join(missing)}: neither a canonical bundle ({', '.join(CANONICAL)}) "
             "nor a bundle file"
         )
-    return names
+    # A name and the file it stands for (smoke, bundles/smoke.pt) are one bundle: checked once.
+    once: dict[Path, str] = {}
+    for n in names:
+        once.setdefault(bundle_path(n).resolve(), n)
+    return list(once.values())
+
+
+def nothing_available(impls: Sequence[Implementation], device: torch.device) -> None:
+    """ValueError when not one of the implementations ``--impls`` names can run on ``device``: the
+    run would check nothing, and pass."""
+    reasons = []
+    for impl in impls:
+        ok, reason = impl.availability(device)
+        if ok:
+            return
+        reasons.append(f"{impl.name}: {reason}")
+    raise ValueError(
+        f"--impls: no implementation named is available on {device.type} ({'; '.join(reasons)}); "
+        "nothing would be checked"
+    )
 
 
 def _device(name: str | None) -> torch.device:
@@ -287,9 +315,19 @@ def _cmd_parity(args: argparse.Namespace) -> int:
         names = _bundle_names(args.bundles)
         impls = _select(_split(args.impls, "--impls"), implementations())
         out = check_run_out_dir(args.out, REPORTS_DIR)
+        if args.impls is not None:
+            nothing_available(impls, device)
     except ValueError as e:
         print(f"parity: {e}", file=sys.stderr)
         return 2
+    # The command records the selection as run: each name once (compare keys a run on it).
+    recorded = argparse.Namespace(
+        **{
+            **vars(args),
+            "bundles": None if args.bundles is None else ",".join(names),
+            "impls": None if args.impls is None else ",".join(i.name for i in impls),
+        }
+    )
     if args.mutations:
         impls = [*impls, mutations.control(), *mutations.mutants()]
     now = datetime.now(timezone.utc)
@@ -297,7 +335,7 @@ def _cmd_parity(args: argparse.Namespace) -> int:
         # One GPU-holding process at a time: parity shares the lock with timed sweeps.
         with exclusive_gpu() if device.type == "cuda" else contextlib.nullcontext():
             rows, unavailable = run_parity(names, impls, device)
-    except (BundleError, PoolMismatchError) as e:
+    except (BundleError, PoolMismatchError, GpuLockError) as e:
         print(f"parity: {e}", file=sys.stderr)
         return 2
     code, notes = verdict(rows, args.mutations)
@@ -305,7 +343,7 @@ def _cmd_parity(args: argparse.Namespace) -> int:
     results = Results(
         kind="parity",
         created_utc=now.isoformat(timespec="seconds"),
-        command=shlex.join(["python", "-m", "harness", "parity", *command_args(args)]),
+        command=shlex.join(["python", "-m", "harness", "parity", *command_args(recorded)]),
         git=git,
         environment=env,
         parity=rows,
@@ -317,7 +355,7 @@ def _cmd_parity(args: argparse.Namespace) -> int:
         write_run(results, out_dir)
     except (ResultsError, OSError) as e:
         print(f"parity: the report could not be written: {e}", file=sys.stderr)
-        return 1
+        return 2  # 1 says an implementation failed
     print_table(rows)
     for item in unavailable:
         print(f"unavailable: {item['impl']}: {item['reason']}")

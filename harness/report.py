@@ -2,7 +2,8 @@
 
     python -m harness report PATH [PATH ...]    re-render index.html beside each results.json
                                                 (PATH: a results.json, a run folder, or a folder
-                                                of run folders)
+                                                of run folders; a results file of another name,
+                                                NAME.json, gets NAME.html beside it)
     python -m harness report --scaling PATH     print each run's fixed cost and steady rate per
                                                 series of prefix lengths (harness/scaling.py)
     python -m harness report --targets PATH     print the kernel's target cases as a markdown
@@ -45,7 +46,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.cli import positive_number
+from harness.cli import held_results, positive_number
 from harness.compare import CompareError, RunKey, run_key, tracked_results
 from harness.results import (
     RESULTS_FILE,
@@ -742,8 +743,15 @@ def write_run(results: Results, out_dir: Path) -> Path:
     shown leaves no run folder behind, only its results as ``results.unshown.json`` (and a
     ResultsError naming the field); ``results.json``, the file every tool keys a run on, is written
     last, so a run cut short between the two leaves a page and no results (a folder no tool
-    reads), never results without their page."""
+    reads), never results without their page. A folder that already holds a run's results is
+    refused before anything is written (ResultsError, the results kept elsewhere): the new page
+    would sit beside the old results, and the new results would replace them."""
     out_dir = Path(out_dir)
+    held = held_results(out_dir) if out_dir.is_dir() else None
+    if held is not None:  # the commands refuse such an --out before the run; it may have appeared since
+        raise ResultsError(
+            kept_elsewhere(results, f"{out_dir}: already holds a run ({held.name}), left as it was")
+        )
     try:
         page = render_html(results, str(out_dir / RESULTS_FILE))
     except ResultsError as e:
@@ -762,12 +770,24 @@ def write_run(results: Results, out_dir: Path) -> Path:
     return out_dir
 
 
+def page_of(json_path: Path) -> Path:
+    """The page re-rendered from a results file: a run's ``index.html`` beside its
+    ``results.json`` (or ``results.json.gz``); for a results file of another name, a page named
+    after it (``run-a.json`` -> ``run-a.html``), so that two such files in one folder, or a page of
+    the folder's own, are not written over."""
+    json_path = Path(json_path)
+    if is_results_file(json_path):
+        return json_path.parent / "index.html"
+    return json_path.with_name(f"{json_path.name.removesuffix('.gz').removesuffix('.json')}.html")
+
+
 def rerender(path: Path) -> Path:
-    """Regenerate index.html beside a results file (or in a run folder); returns the page's path."""
+    """Regenerate the page of a results file (or a run folder's, its index.html: see
+    :func:`page_of`); returns the page's path."""
     path = Path(path)
     json_path = results_in(path) if path.is_dir() else path
     results = load_results(json_path)
-    page = json_path.parent / "index.html"
+    page = page_of(json_path)
     atomic_write_text(page, render_html(results, str(json_path)))
     return page
 
@@ -886,8 +906,8 @@ def _main_scaling(paths: Sequence[str]) -> int:
 
 def _main_targets(paths: Sequence[str], peak_tflops: float) -> int:
     def show(path: Path, results: Results) -> str:
-        if not results.sweep:
-            return f"{path}: no sweep rows (a parity run?); no targets to show\n"
+        if not results.sweep:  # nothing a --targets table could come from: the wrong run given
+            raise ResultsError(f"{path}: no sweep rows (a {results.kind} run); --targets expects a sweep run")
         rows = target_rows(results, peak_tflops)
         if not any_target(rows):
             return (
@@ -935,27 +955,37 @@ def main(args: argparse.Namespace) -> int:
         print("error: give a results.json or run folder to render, or --prune DIR", file=sys.stderr)
         return 2
     status = 0
+    pages: dict[Path, list[Path]] = {}  # page -> the results files that would write it
     for root in args.paths:
         try:
             files = _run_files(Path(root))
+            if not files:
+                raise ResultsError(f"{root}: no results.json (or results.json.gz) found")
+            for json_path in files:
+                same = pages.setdefault(page_of(json_path).resolve(), [])
+                if json_path.resolve() not in (p.resolve() for p in same):
+                    same.append(json_path)
         except ResultsError as e:
             print(f"error: {e}", file=sys.stderr)
             status = 2
-            continue
-        if not files:
-            print(f"error: {root}: no results.json (or results.json.gz) found", file=sys.stderr)
+    clashes = {page: files for page, files in pages.items() if len(files) > 1}
+    for page, files in clashes.items():
+        print(
+            f"error: {' and '.join(map(str, files))} would each write {page}, one over the other; "
+            "give one of them",
+            file=sys.stderr,
+        )
+    if clashes:
+        return 2  # before any page is written: which one would be left there is an accident
+    for page, (json_path,) in pages.items():
+        try:
+            print(f"wrote {rerender(json_path)}")
+        except ResultsError as e:
+            print(f"error: {e}", file=sys.stderr)
             status = 2
-        for json_path in files:
-            try:
-                print(f"wrote {rerender(json_path)}")
-            except ResultsError as e:
-                print(f"error: {e}", file=sys.stderr)
-                status = 2
-            except OSError as e:
-                print(
-                    f"error: {json_path.parent}: cannot write index.html: {e.strerror or e}", file=sys.stderr
-                )
-                status = 2
+        except OSError as e:
+            print(f"error: {json_path.parent}: cannot write {page.name}: {e.strerror or e}", file=sys.stderr)
+            status = 2
     return status
 
 

@@ -278,6 +278,87 @@ def test_a_folder_holding_another_record_is_refused(reports, capsys) -> None:
     assert "bringup.json there is unreadable" in capsys.readouterr().err
 
 
+def _record(**fields) -> dict:
+    base = {"schema": bringup.SCHEMA, "schema_version": bringup.SCHEMA_VERSION, "steps": [], "commands": []}
+    return {**base, **fields}
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"[]", "is not a bringup record (schema 'none: a JSON list')"),
+        (b'"x"', "is not a bringup record (schema 'none: a JSON str')"),
+        (
+            json.dumps(_record(schema_version=99)).encode(),
+            "has schema_version 99; this harness reads version 1",
+        ),
+        (json.dumps(_record(steps=5)).encode(), "is malformed: steps must be a list, got int"),
+        (json.dumps(_record(steps=[{"x": 1}])).encode(), "is malformed: steps[0] has no name"),
+        (
+            json.dumps(_record(steps=[{"name": "box", "status": "passed", "seconds": "long"}])).encode(),
+            "is malformed: steps[0] (box): seconds must be a number or null, got 'long'",
+        ),
+        (
+            json.dumps(_record(steps=[{"name": "box", "status": "fine"}])).encode(),
+            "is malformed: steps[0] (box): status must be one of passed, ",
+        ),
+        (json.dumps(_record(commands={"a": 1})).encode(), "is malformed: commands must be a list, got dict"),
+        (json.dumps(_record(commands=["x"])).encode(), "is malformed: commands[0] must be an object"),
+        (json.dumps(_record(probe=[1])).encode(), "is malformed: probe must be null or an object"),
+        (b"\xff\xfe{", "is unreadable ("),
+        (None, "is unreadable (Is a directory)"),
+    ],
+)
+def test_a_malformed_record_is_refused_naming_it_before_any_step(reports, capsys, content, message) -> None:
+    out = reports / "run"
+    out.mkdir()
+    if content is None:
+        (out / "bringup.json").mkdir()
+    else:
+        (out / "bringup.json").write_bytes(content)
+    steps = [Step("box", "stand-in", _py("raise SystemExit('ran')"), 60)]
+    assert (
+        bringup.main(_args(out=str(out), only="box"), box=Box(gpus=1), python=sys.executable, steps=steps)
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert f"error: --out {out}: bringup.json there {message}" in err and "Traceback" not in err
+    assert sorted(p.name for p in out.iterdir()) == ["bringup.json"]
+
+
+def test_an_empty_out_is_refused_not_taken_for_the_default(reports, capsys) -> None:
+    steps = [Step("box", "stand-in", _py("pass"), 60)]
+    assert bringup.main(_args(out=""), box=Box(gpus=1), python=sys.executable, steps=steps) == 2
+    assert "error: --out is empty" in capsys.readouterr().err
+    assert not list(reports.iterdir())
+
+
+def test_an_out_holding_a_runs_results_is_refused_before_any_step(reports, capsys) -> None:
+    """mma-peak writes into the bring-up's folder and refuses one that holds a run's results."""
+    out = reports / "sweep-run"
+    out.mkdir()
+    (out / "results.json").write_text("a sweep's results")
+    steps = [Step("box", "stand-in", _py("raise SystemExit('ran')"), 60)]
+    assert bringup.main(_args(out=str(out)), box=Box(gpus=1), python=sys.executable, steps=steps) == 2
+    assert f"--out {out} holds a run's results.json" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["results.json"]
+
+
+def test_a_resumed_bringup_passes_its_folder_to_mma_peak_which_accepts_it(
+    reports, tmp_path, monkeypatch
+) -> None:
+    """The resumed folder holds the record, logs and the last mma-peak.json, no run's results:
+    mma-peak's --out check lets it through."""
+    out = reports / "run"
+    steps = [Step("box", "stand-in", _py("pass"), 60)]
+    assert bringup.main(_args(out=str(out)), box=Box(gpus=1), python=sys.executable, steps=steps) == 0
+    (out / "mma-peak.json").write_text("{}")
+    assert bringup.main(_args(out=str(out)), box=Box(gpus=1), python=sys.executable, steps=steps) == 0
+    from harness.cli import check_run_out_dir
+
+    assert check_run_out_dir(str(out), reports) == out
+
+
 def test_the_probe_is_the_last_probe_line_of_the_build_log(tmp_path) -> None:
     log = tmp_path / "build.log"
     log.write_text(
@@ -412,6 +493,41 @@ def test_mma_peak_refuses_an_out_that_is_a_file_before_building(tmp_path, monkey
     out.write_text("not a folder")
     assert mma_peak.main(argparse.Namespace(matmul_tflops=1000.0, out=str(out))) == 2
     assert f"error: mma-peak: --out {out} is a file; expected a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("held", ["results.json", "results.json.gz"])
+def test_mma_peak_refuses_an_out_holding_a_run_before_building(held, tmp_path, monkeypatch, capsys) -> None:
+    _fake_gpu(monkeypatch, tmp_path)
+
+    def no_build(arch):
+        raise AssertionError("built although --out holds a run")
+
+    monkeypatch.setattr(mma_peak, "build", no_build)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / held).write_text("an earlier run")
+    assert mma_peak.main(argparse.Namespace(matmul_tflops=1000.0, out=str(out))) == 2
+    assert f"error: mma-peak: --out {out} already holds a run ({held})" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == [held]
+
+
+def test_mma_peak_refuses_an_empty_out(tmp_path, monkeypatch, capsys) -> None:
+    _fake_gpu(monkeypatch, tmp_path)
+    monkeypatch.setattr(mma_peak, "build", lambda arch: pytest.fail("built although --out is empty"))
+    assert mma_peak.main(argparse.Namespace(matmul_tflops=1000.0, out="")) == 2
+    assert "error: mma-peak: --out is empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("value", "expected"), [("inf", "a finite number"), ("nan", "a positive number")])
+def test_a_step_timeout_must_be_finite(value, expected, capsys) -> None:
+    from harness.cli import main as cli_main
+
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["bringup", "--list", "--step-timeout", value])
+    assert exit_.value.code == 2
+    assert (
+        f"argument --step-timeout: expected {expected} of seconds, got '{value}'" in capsys.readouterr().err
+    )
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")

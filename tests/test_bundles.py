@@ -317,3 +317,50 @@ def test_save_is_atomic_and_leaves_no_temp_file_when_the_write_fails(
         bundles.save(bundle("smoke"), target)
     assert target.read_bytes() == b"the previous bundle"
     assert [p.name for p in tmp_path.iterdir()] == ["smoke.pt"]
+
+
+@pytest.mark.parametrize(
+    ("option", "message"), [("--out", "--out is empty"), ("--bundles", "--bundles '' names no bundle")]
+)
+def test_generate_with_an_empty_value_exits_2_naming_the_option(
+    option: str,
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def no_generate(*args: object, **kwargs: object) -> None:
+        raise AssertionError("generated although an argument was empty")
+
+    monkeypatch.setattr(bundles, "generate", no_generate)
+    monkeypatch.chdir(tmp_path)  # where an empty --out would write
+    argv = {"--bundles": "smoke", "--out": str(tmp_path / "out"), option: ""}
+    assert run_bundles_cli("generate", *(x for kv in argv.items() for x in kv)) == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_generate_onto_a_folder_named_like_the_bundle_exits_2_before_generating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def no_generate(*args: object, **kwargs: object) -> None:
+        raise AssertionError("generated although smoke.pt cannot be written")
+
+    monkeypatch.setattr(bundles, "generate", no_generate)
+    (tmp_path / "smoke.pt").mkdir()
+    assert run_bundles_cli("generate", "--bundles", "smoke", "--out", str(tmp_path)) == 2
+    assert f"bundles: --out {tmp_path}: smoke.pt there is a folder" in capsys.readouterr().err
+
+
+def test_generate_that_cannot_write_its_bundle_exits_2_naming_out(
+    tmp_path: Path, bundle: Loader, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def no_space(path: Path, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(bundles, "generate", lambda recipe, log=None: bundle("smoke"))
+    monkeypatch.setattr(bundles, "atomic_write_bytes", no_space)
+    assert run_bundles_cli("generate", "--bundles", "smoke", "--out", str(tmp_path)) == 2
+    assert f"bundles: --out {tmp_path}: cannot write smoke.pt there (No space left on device)" in (
+        capsys.readouterr().err
+    )

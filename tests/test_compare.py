@@ -1062,3 +1062,45 @@ def test_gate_impls_never_ungates_a_parity_regression(tmp_path: Path, out_dir: P
     base = save(_two_impl_results(0.5, 10.0, seed=1), tmp_path / "a")
     head = save(_two_impl_results(0.5, 10.0, seed=1, parity_status="fail"), tmp_path / "b")
     assert run_cli(str(base), str(head), "--out", str(out_dir), "--gate-impls", "verify-attn-cuda") == 1
+
+
+def test_a_compare_page_that_cannot_be_written_exits_2_not_1(
+    tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """1 says "regressions" to CI: a page that cannot be written (here its name is a folder) is
+    not one, and no traceback."""
+    a = str(save(one_case(0.1, seed=1), tmp_path / "a"))
+    b = str(save(one_case(0.1, seed=2, sha="b" * 40), tmp_path / "b"))
+    assert run_cli(a, b, "--out", str(out_dir)) == 0
+    (page,) = out_dir.glob("compare-*.html")
+    page.unlink()
+    page.mkdir()
+    assert run_cli(a, b, "--out", str(out_dir)) == 2
+    assert f"compare: --out {out_dir}: cannot write {page.name} there (" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("folder", "message"),
+    [
+        ("empty", "--history {}: no results.json (or results.json.gz) found there"),
+        ("missing", "--history: {} is not a folder"),
+    ],
+)
+def test_history_over_a_folder_without_any_run_exits_2(
+    folder: str, message: str, tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typo'd or wrong --history folder must not pass the gate as "nothing to compare"."""
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    assert run_cli("--history", str(tmp_path / folder), "--out", str(out_dir)) == 2
+    assert message.format(tmp_path / folder) in capsys.readouterr().err
+
+
+def test_an_empty_out_is_refused_naming_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = str(save(one_case(0.1, seed=1), tmp_path / "a"))
+    b = str(save(one_case(0.1, seed=2, sha="b" * 40), tmp_path / "b"))
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(a, b, "--out", "")
+    assert exit_.value.code == 2
+    assert "argument --out: expected a folder for the HTML diff, got ''" in capsys.readouterr().err

@@ -422,3 +422,89 @@ def test_registered_gpu_entries_are_unavailable_on_a_cpu_run(tmp_path: Path) -> 
     assert statuses["oracle"] == "pass"
     assert statuses["verify-attn-cuda"] == "unavailable" and statuses["sglang-triton-ps1"] == "unavailable"
     assert code == 0
+
+
+@pytest.mark.parametrize("held", ["results.json", "results.json.gz"])
+def test_an_out_that_already_holds_a_run_exits_2_before_running_and_keeps_it(
+    held: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / held).write_text("an earlier run")
+    monkeypatch.setattr(parity, "run_parity", no_run)
+    code = run_cli(
+        ["parity", "--bundles", "smoke", "--impls", "oracle", "--device", "cpu", "--out", str(tmp_path)]
+    )
+    assert code == 2
+    assert f"--out {tmp_path} already holds a run ({held})" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == [held] and (
+        tmp_path / held
+    ).read_text() == "an earlier run"
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("--impls", "--impls '' names nothing"),
+        ("--bundles", "--bundles '' names nothing"),
+        ("--out", "--out is empty; expected a folder"),
+    ],
+)
+def test_an_empty_value_is_not_the_default_and_exits_2_naming_the_option(
+    option: str,
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(parity, "run_parity", no_run)
+    monkeypatch.setattr(parity, "REPORTS_DIR", tmp_path / "reports")
+    argv = {"--bundles": "smoke", "--impls": "oracle", "--out": str(tmp_path / "run"), option: ""}
+    assert run_cli(["parity", *(x for kv in argv.items() for x in kv), "--device", "cpu"]) == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_bundle_named_twice_is_checked_once(tmp_path: Path) -> None:
+    smoke_file = str(bundles.bundle_path("smoke"))
+    argv = ["--bundles", f"smoke,ddtree,smoke,{smoke_file}", "--impls", "oracle,oracle"]
+    assert run_cli(["parity", *argv, "--device", "cpu", "--out", str(tmp_path)]) == 0
+    results = load_results(tmp_path)
+    assert [(r.bundle, r.impl) for r in results.parity] == [("smoke", "oracle"), ("ddtree", "oracle")]
+    # the recorded command says what ran, so compare groups it with its like
+    assert results.command == "python -m harness parity --bundles smoke,ddtree --impls oracle --device cpu"
+
+
+def test_two_files_of_one_bundle_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    copy = tmp_path / "copy.pt"
+    copy.write_bytes(bundles.bundle_path("smoke").read_bytes())
+    argv = ["--bundles", f"smoke,{copy}", "--impls", "oracle", "--device", "cpu"]
+    assert run_cli(["parity", *argv, "--out", str(tmp_path / "run")]) == 2
+    assert f"--bundles: {copy} holds bundle 'smoke', as smoke does" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_impls_of_which_none_is_available_exit_2_saying_nothing_was_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(parity, "run_parity", no_run)
+    argv = ["--bundles", "smoke", "--impls", "verify-attn-cuda", "--device", "cpu"]
+    assert run_cli(["parity", *argv, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "--impls: no implementation named is available on cpu (verify-attn-cuda: " in err
+    assert "nothing would be checked" in err and not (tmp_path / "run").exists()
+
+
+def test_a_report_that_cannot_be_written_exits_2_not_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """1 says an implementation failed; a full disk is not one."""
+    import harness.report
+    from harness.results import ResultsError
+
+    def full(results: object, out_dir: Path) -> None:
+        raise ResultsError(f"{out_dir}: cannot write the run there (No space left on device)")
+
+    monkeypatch.setattr(parity, "run_parity", lambda *a, **k: ([row("oracle", "pass")], []))
+    monkeypatch.setattr(harness.report, "write_run", full)
+    argv = ["--bundles", "smoke", "--impls", "oracle", "--device", "cpu", "--out", str(tmp_path / "run")]
+    assert run_cli(["parity", *argv]) == 2
+    assert "parity: the report could not be written" in capsys.readouterr().err

@@ -321,6 +321,75 @@ def test_write_run_writes_results_json_last(tmp_path: Path, monkeypatch: pytest.
     assert load_results(kept).to_json() == load_results(PARITY).to_json()
 
 
+@pytest.mark.parametrize("held", ["results.json", "results.json.gz"])
+def test_write_run_into_a_folder_holding_a_run_leaves_it_as_it_was(
+    held: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commands refuse such an --out before the run; a run that appeared there since is not
+    replaced, nor given a page of other results: the new results are kept aside."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / held).write_bytes(b"the earlier run")
+    (run / "index.html").write_text("the earlier page")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    with pytest.raises(ResultsError, match=f"{run}: already holds a run \\({held}\\), left as it was") as e:
+        write_run(load_results(PARITY), run)
+    assert sorted(p.name for p in run.iterdir()) == sorted([held, "index.html"])
+    assert (run / held).read_bytes() == b"the earlier run" and (
+        run / "index.html"
+    ).read_text() == "the earlier page"
+    (kept,) = (tmp_path / "tmp").glob("verify-attention-unwritten-*/results.json")
+    assert str(kept) in str(e.value)
+
+
+@pytest.mark.parametrize("held", ["results.json", "results.json.gz", None])
+def test_a_sweep_refuses_an_out_holding_a_run_or_empty_before_timing(
+    held: str | None, tmp_path: Path, capsys
+) -> None:
+    """write_run's callers check --out first: a sweep into an earlier run's folder, or into "" (the
+    current folder, silently), exits 2 before any timing and leaves the folder as it was."""
+    run = tmp_path / "run"
+    run.mkdir()
+    if held:
+        (run / held).write_text("the earlier run")
+    argv = ["sweep", "--device", "cpu", "--grid", "quick", "--impls", "oracle", "--case-filter", "P4096"]
+    assert cli_main([*argv, "--out", str(run) if held else ""]) == 2
+    err = capsys.readouterr().err
+    assert (f"--out {run} already holds a run ({held})" if held else "--out is empty") in err
+    assert [p.name for p in run.iterdir()] == ([held] if held else [])
+
+
+def test_report_names_the_page_of_a_results_file_of_another_name_after_it(tmp_path: Path, capsys) -> None:
+    """A folder's index.html (the user's own page, or another run's) is not written over by the
+    page of ``run-a.json``; two such files in one folder get a page each."""
+    shutil.copy(PARITY, tmp_path / "run-a.json")
+    shutil.copy(SWEEP, tmp_path / "run-b.json")
+    (tmp_path / "index.html").write_text("my own page")
+    assert cli_main(["report", str(tmp_path / "run-a.json"), str(tmp_path / "run-b.json")]) == 0
+    assert (tmp_path / "index.html").read_text() == "my own page"
+    assert "controls: 8 of 8 as expected" in (tmp_path / "run-a.html").read_text()
+    assert "controls: 8 of 8" not in (tmp_path / "run-b.html").read_text()
+    out = capsys.readouterr().out
+    assert f"wrote {tmp_path / 'run-a.html'}" in out and f"wrote {tmp_path / 'run-b.html'}" in out
+
+
+def test_report_refuses_two_inputs_that_would_write_one_page_and_writes_none(tmp_path: Path, capsys) -> None:
+    shutil.copy(PARITY, tmp_path / "run-a.json")
+    shutil.copy(PARITY, tmp_path / "run-a.json.gz")  # plain text under a .gz name: still readable
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(PARITY, run / "results.json")
+    assert cli_main(["report", str(tmp_path / "run-a.json"), str(tmp_path / "run-a.json.gz"), str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'run-a.json'} and {tmp_path / 'run-a.json.gz'} would each write" in err
+    assert "run-a.html" in err
+    assert not list(tmp_path.rglob("*.html"))
+    # one run named twice (its folder and its file) is rendered once
+    assert cli_main(["report", str(run), str(run / "results.json")]) == 0
+    assert capsys.readouterr().out.count("wrote ") == 1
+
+
 def test_report_cli_regenerates_index_html_from_results_json(tmp_path: Path, capsys) -> None:
     run = tmp_path / "old-run"
     run.mkdir()

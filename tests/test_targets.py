@@ -165,8 +165,9 @@ def test_report_targets_on_the_command_line(tmp_path: Path, capsys) -> None:
     assert "| P | H | T | config |" in out and "% at 800 TFLOP/s" in out
     assert cli_main(["report", "--targets", "--at-peak", "700", str(SWEEP)]) == 0
     assert "% at 700 TFLOP/s" in capsys.readouterr().out
-    assert cli_main(["report", "--targets", str(PARITY)]) == 0
-    assert "no sweep rows" in capsys.readouterr().out
+    # a run without sweep rows is the wrong run given, not a sweep that missed the targets
+    assert cli_main(["report", "--targets", str(PARITY)]) == 2
+    assert "no sweep rows (a parity run); --targets expects a sweep run" in capsys.readouterr().err
     short = tmp_path / "short"
     short.mkdir()
     write_results(
@@ -183,6 +184,14 @@ def test_report_targets_on_the_command_line(tmp_path: Path, capsys) -> None:
     assert "separate commands" in capsys.readouterr().err
     assert cli_main(["report", "--at-peak", "700", str(SWEEP)]) == 2
     assert "--at-peak goes with --targets" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("value", "message"), [("inf", "a finite number"), ("nan", "a positive number")])
+def test_at_peak_must_be_finite_and_positive(value: str, message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["report", "--targets", "--at-peak", value, str(SWEEP)])
+    assert exit_.value.code == 2
+    assert f"argument --at-peak: expected {message} of TFLOP/s, got '{value}'" in capsys.readouterr().err
 
 
 def test_the_readmes_target_table_is_the_one_its_run_prints() -> None:
