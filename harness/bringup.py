@@ -378,6 +378,8 @@ def render_readme(record: dict[str, Any]) -> str:
         rc = "" if s.get("rc") is None else str(s["rc"])
         reports = "<br>".join(f"`{r}`" for r in s.get("reports", [])) or ""
         detail = s.get("reason") if s.get("status") == "skipped" else f"`{s.get('command', '')}`"
+        if s.get("status") == "passed" and s.get("reason"):
+            detail += f" ({s['reason']})"
         last = (s.get("summary") or "").replace("|", "\\|")
         lines.append(f"| {s['name']} | **{s['status']}** | {rc} | {secs} | {reports} | {detail} | {last} |")
     totals = {st: sum(1 for s in record.get("steps", []) if s.get("status") == st) for st in STATUSES}
@@ -451,6 +453,9 @@ def run_step(
             "skipped",
             f"every test skipped ({rec.summary}); the log's short summary says why",
         )
+    elif rec.status == "passed" and _is_pytest(step) and _counts(rec.summary).get("skipped"):
+        # passed, but not all of it ran: said beside the status, not only in the log's last line
+        rec.reason = f"{_counts(rec.summary)['skipped']} test(s) skipped; the log's short summary says why"
     return rec
 
 
@@ -464,11 +469,14 @@ def _is_pytest(step: Step) -> bool:
     return step.argv[:2] == ("-m", "pytest")
 
 
+def _counts(summary: str) -> dict[str, int]:
+    """pytest's summary line as counts: {"passed": 185, "skipped": 2, ...}."""
+    return {name: int(n) for n, name in re.findall(r"(\d+) (passed|failed|skipped|error|errors)\b", summary)}
+
+
 def _all_skipped(summary: str) -> bool:
     """pytest's summary counts skipped tests and none that passed or failed."""
-    counts = dict(
-        (name, int(n)) for n, name in re.findall(r"(\d+) (passed|failed|skipped|error|errors)\b", summary)
-    )
+    counts = _counts(summary)
     return counts.get("skipped", 0) > 0 and not any(
         counts.get(k) for k in ("passed", "failed", "error", "errors")
     )
@@ -638,9 +646,12 @@ def main(
         record["steps"] = merge_steps(old_steps, records)
         write_record(out_dir, record)
     skipped = [r.name for r in records if r.status == "skipped"]
+    partly = [r.name for r in records if r.status == "passed" and r.reason]
     verdict = "some steps failed" if failed else "no step failed"
     if skipped:
         verdict += f" ({len(skipped)} skipped: {', '.join(skipped)})"
+    if partly:
+        verdict += f" (tests skipped within: {', '.join(partly)})"
     print(f"bringup: {verdict} -> {shown(out_dir)}/README.md")
     return 1 if failed else 0
 

@@ -561,7 +561,7 @@ def test_the_microbenchmark_runs_on_this_gpu(tmp_path, capsys) -> None:
     assert "best " in capsys.readouterr().out
 
 
-def test_a_pytest_step_whose_every_test_skipped_is_skipped_not_passed(reports, tmp_path) -> None:
+def test_a_pytest_step_whose_every_test_skipped_is_skipped_not_passed(reports, tmp_path, capsys) -> None:
     tests = tmp_path / "t"
     tests.mkdir()
     (tests / "test_a.py").write_text(
@@ -576,6 +576,7 @@ def test_a_pytest_step_whose_every_test_skipped_is_skipped_not_passed(reports, t
     ]
     out = reports / "run"
     assert bringup.main(_args(out=str(out)), box=Box(gpus=1), python=sys.executable, steps=steps) == 0
+    assert "(tests skipped within: gpu-tests)" in capsys.readouterr().out
     record = {s["name"]: s for s in json.loads((out / "bringup.json").read_text())["steps"]}
     sanitizer, gpu_tests = record["sanitizer"], record["gpu-tests"]
     assert sanitizer["status"] == "skipped" and sanitizer["rc"] == 0
@@ -583,8 +584,12 @@ def test_a_pytest_step_whose_every_test_skipped_is_skipped_not_passed(reports, t
     assert sanitizer["reason"].startswith("every test skipped (1 skipped in ")
     assert "compute-sanitizer is not on the PATH" in (out / "sanitizer.log").read_text()  # -rs
     assert gpu_tests["status"] == "passed" and gpu_tests["summary"].startswith("1 passed, 1 skipped in ")
-    assert record["sweep"]["summary"] == "164 rows, 0 errors -> x/index.html"
-    assert "| 164 rows, 0 errors -> x/index.html |" in (out / "README.md").read_text()
+    # passed, with what did not run said beside it, not only in the log's last line
+    assert gpu_tests["reason"] == "1 test(s) skipped; the log's short summary says why"
+    readme = (out / "README.md").read_text()
+    assert "(1 test(s) skipped; the log's short summary says why)" in readme
+    assert record["sweep"]["summary"] == "164 rows, 0 errors -> x/index.html" and not record["sweep"]["reason"]
+    assert "| 164 rows, 0 errors -> x/index.html |" in readme
 
 
 @pytest.mark.parametrize(

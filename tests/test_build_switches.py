@@ -26,3 +26,17 @@ def test_every_switch_is_documented_and_every_documented_switch_exists() -> None
     assert readme - sources == set(), (
         f"README lists switches the sources no longer read: {sorted(readme - sources)}"
     )
+
+
+def test_every_switch_a_test_builds_with_is_one_the_sources_read() -> None:
+    """The GPU tests that build with a switch (a flagged build: the sanitizer's uniform barriers,
+    the plan-order test's late plan) test nothing if the sources no longer read it."""
+    used = set()
+    for path in (PROJECT / "tests").glob("test_*.py"):
+        text = path.read_text()
+        if "flagged_build" in text:  # the tests that build the extension with flags of their own
+            used |= set(re.findall(r"-D(VA_[A-Z0-9_]+)", text))
+    assert {"VA_UNIFORM_GROUP_BARRIERS", "VA_DELAY_PLAN_PUBLISH_NS"} <= used
+    assert used - source_switches() == set(), (
+        f"tests build with switches the sources do not read: {sorted(used - source_switches())}"
+    )

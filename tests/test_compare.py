@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 from collections.abc import Sequence
+from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -258,11 +259,16 @@ def test_parity_pass_to_fail_is_a_regression() -> None:
     assert (v.verdict, v.regression) == (compare.REGRESSED, True)
 
 
-def test_parity_tokens_mismatch_counts_even_if_status_says_pass() -> None:
+@pytest.mark.parametrize("name", ["tokens_match", "path_match"])
+def test_parity_tokens_or_path_mismatch_counts_even_if_status_says_pass(name: str) -> None:
     v = compare.parity_verdict(
-        parity_row("smoke", "pass", tokens_match=True), parity_row("smoke", "pass", tokens_match=False)
+        parity_row("smoke", "pass", **{name: True}), parity_row("smoke", "pass", **{name: False})
     )
-    assert v.regression
+    assert (v.verdict, v.regression, v.reason) == (compare.REGRESSED, True, f"{name} became False")
+    # already False in BASE: no new regression
+    assert not compare.parity_verdict(
+        parity_row("smoke", "pass", **{name: False}), parity_row("smoke", "pass", **{name: False})
+    ).regression
 
 
 def test_mutation_control_that_starts_passing_is_a_regression() -> None:
@@ -1104,3 +1110,19 @@ def test_an_empty_out_is_refused_naming_the_option(
         run_cli(a, b, "--out", "")
     assert exit_.value.code == 2
     assert "argument --out: expected a folder for the HTML diff, got ''" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("side", ["base", "head", "neither"])
+def test_a_decided_row_that_was_throttled_is_marked_and_noted(side: str) -> None:
+    slow = [1.2, 1.21, 1.22, 1.23, 1.24] * 4
+    fast = [1.0, 1.01, 1.02, 1.03, 1.04] * 4
+    base = make_results({"B1-P1024-T16-H8": fast})
+    head = make_results({"B1-P1024-T16-H8": slow})
+    for run, name in ((base, "base"), (head, "head")):
+        run.sweep[0] = replace(run.sweep[0], throttled=side == name)
+    c = compare.compare_results(compare.Side("a", base), compare.Side("b", head))
+    (v,) = c.timing
+    assert v.verdict == compare.SLOWER and v.throttled == (side != "neither")
+    noted = any("throttled on one side" in n for n in c.notes)
+    assert noted == (side != "neither")
+    assert ("SLOWER (throttled)" in compare.format_terminal(c)) == (side != "neither")

@@ -17,8 +17,9 @@ sees (its ancestors and itself, at most ~15 in these random trees), and their va
   parity's tolerances on these batches.
 
 Prefixes put the first draft key at 0, 1, 16, 31, 47 and 48 keys into a KV tile (32, 48 or 64 keys
-in the configs) and behind a split request's 4k and 32k keys; draft counts sit on both sides of
-one, two, three and eight 32-bit mask words.
+in the configs) and behind a split request's 4k and 32k keys; draft counts of 31 and 33 sit on
+either side of one 32-bit mask word, 64 and 65 fill two words and start a third, 97 starts a
+fourth, and 256 fills eight.
 """
 
 from __future__ import annotations

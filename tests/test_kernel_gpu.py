@@ -276,13 +276,24 @@ def test_fuzz_against_oracle(config: str) -> None:
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_output_is_bitwise_deterministic(config: str) -> None:
+    """20 calls bitwise alike: a random batch (seed 7 draws a short single request) and a ragged
+    one whose 200k prefix is split over every SM and merged by the combine."""
     _needs_config(config)
-    batch = random_batch(random.Random(7), torch.device("cuda"))
-    first_out, first_lse = (t.clone() for t in run_kernel(batch, config=config))
-    for _ in range(20):
-        out, lse = run_kernel(batch, validate=False, config=config)
-        assert torch.equal(out.view(torch.int16), first_out.view(torch.int16))
-        assert torch.equal(lse.view(torch.int32), first_lse.view(torch.int32))
+    device = torch.device("cuda")
+    batches = [
+        random_batch(random.Random(7), device),
+        make_batch(random.Random(8), device, [200_000, 3000, 0], [64, 16, 1], 16),
+    ]
+    for batch in batches:
+        first_out, first_lse = (t.clone() for t in run_kernel(batch, config=config))
+        for i in range(20):
+            out, lse = run_kernel(batch, validate=False, config=config)
+            assert torch.equal(out.view(torch.int16), first_out.view(torch.int16)), (
+                f"{describe(batch)} call {i}"
+            )
+            assert torch.equal(lse.view(torch.int32), first_lse.view(torch.int32)), (
+                f"{describe(batch)} call {i}"
+            )
 
 
 # SM counts of other GPUs, whose plans (the prefix's splits, the grid) this GPU runs through
@@ -318,9 +329,11 @@ def test_num_sms_reaches_the_plan() -> None:
     outputs, while each passes the oracle."""
     batch = make_batch(random.Random(3200), torch.device("cuda"), [32768], [16], 8)
     for config in ("auto", *gpu_configs()):
-        split, _ = (t.clone() for t in run_kernel(batch, config=config))
-        whole, _ = run_kernel(batch, config=config, num_sms=1)
+        split, split_lse = (t.clone() for t in run_kernel(batch, config=config))
+        whole, whole_lse = run_kernel(batch, config=config, num_sms=1)
         assert not torch.equal(split.view(torch.int16), whole.view(torch.int16)), config
+        assert_close(split, split_lse, batch, f"{describe(batch)} config={config}")
+        assert_close(whole, whole_lse, batch, f"{describe(batch)} num_sms=1 config={config}")
 
 
 def test_the_binding_refuses_a_bad_num_sms() -> None:
@@ -396,12 +409,25 @@ def test_one_request_whose_tensors_run_past_its_indptrs(case: tuple[int, int, in
     tail = torch.where(finite, tail, batch.kv_indices[0])  # slots of rows that hold values
     kv_indices = torch.cat([batch.kv_indices, tail])
     q = torch.cat([batch.q, torch.randn(extra_q, *batch.q.shape[1:], device="cuda").to(torch.bfloat16)])
+    sentinel_out, sentinel_lse = -7.0, -9.0  # what rows no request owns must still hold after the call
     for config in gpu_configs():
-        out, lse = run_kernel(
-            batch, config, validate=False, q=q, kv_indices=kv_indices, extra_mask_words=extra_words
+        out = torch.full((q.shape[0], q.shape[1], 512), sentinel_out, dtype=torch.bfloat16, device="cuda")
+        lse = torch.full(q.shape[:2], sentinel_lse, dtype=torch.float32, device="cuda")
+        run_kernel(
+            batch,
+            config,
+            validate=False,
+            q=q,
+            kv_indices=kv_indices,
+            extra_mask_words=extra_words,
+            out=out,
+            lse=lse,
         )
         torch.cuda.synchronize()  # a fault shows here, in this test
         assert_close(out[:num_draft], lse[:num_draft], batch, f"{describe(batch)} {case} config={config}")
+        assert (out[num_draft:] == sentinel_out).all() and (lse[num_draft:] == sentinel_lse).all(), (
+            f"{describe(batch)} {case} config={config}: rows past qo_indptr[-1] were written"
+        )
 
 
 def test_without_a_q_tensor_map(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -488,10 +514,24 @@ def test_cuda_graph_replay_equals_eager(config: str) -> None:
     with torch.cuda.graph(graph):
         kernel.verify_attention(*args, batch.sm_scale, out=out, lse=lse, validate=True, config=config)
     out.fill_(float("nan"))
+    lse.fill_(float("nan"))  # both outputs: the warm-up call above left eager's values in them
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out.view(torch.int16), eager_out.view(torch.int16))
     assert torch.equal(lse.view(torch.int32), eager_lse.view(torch.int32))
+    # A replay reads its inputs as they are then: new q values in the captured buffer give what an
+    # eager call on them gives, not the captured call's result again.
+    batch.q.copy_(torch.randn(batch.q.shape, device="cuda").to(torch.bfloat16))
+    new_out, new_lse = kernel.verify_attention(*args, batch.sm_scale, config=config)
+    assert not torch.equal(new_out, eager_out), (
+        "new q values gave the old output: the check below shows nothing"
+    )
+    out.fill_(float("nan"))
+    lse.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int16), new_out.view(torch.int16)), "the replay did not read q anew"
+    assert torch.equal(lse.view(torch.int32), new_lse.view(torch.int32))
 
 
 @functools.cache
@@ -558,6 +598,7 @@ def test_inputs_written_by_the_kernel_just_before(config: str) -> None:
     replay = capture_graph(step, torch.device("cuda"), warmup=1)
     q.fill_(float("nan"))
     out.fill_(float("nan"))
+    lse.fill_(float("nan"))  # the warm-up wrote both outputs
     replay()
     torch.cuda.synchronize()
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), "graph: q read before it was written"
@@ -600,7 +641,7 @@ def _set(t: torch.Tensor, index: int, value: int) -> torch.Tensor:
 
 
 BAD_CASES = {
-    "q dtype": (lambda a: _swap(a, q=a["q"].float()), "q must be"),
+    "q dtype": (lambda a: _swap(a, q=a["q"].float()), "q must be BFloat16, got Float"),
     "q on cpu": (lambda a: _swap(a, q=a["q"].cpu()), "q must be a CUDA tensor"),
     "q head dim": (
         lambda a: _swap(a, q=a["q"][..., :512].contiguous()),
@@ -610,11 +651,23 @@ BAD_CASES = {
         lambda a: _swap(a, q=a["q"].transpose(0, 1).contiguous().transpose(0, 1)),
         "q must be contiguous",
     ),
-    "kv_cache dtype": (lambda a: _swap(a, kv_cache=a["kv_cache"].half()), "kv_cache must be"),
-    "kv_cache dims": (lambda a: _swap(a, kv_cache=a["kv_cache"][:, :512].contiguous()), "kv_cache must be"),
+    "kv_cache dtype": (
+        lambda a: _swap(a, kv_cache=a["kv_cache"].half()),
+        "kv_cache must be BFloat16, got Half",
+    ),
+    "kv_cache dims": (
+        lambda a: _swap(a, kv_cache=a["kv_cache"][:, :512].contiguous()),
+        "kv_cache must be [num_slots, 576] or [num_slots, 1, 576]",
+    ),
     "kv_cache on another device": (lambda a: _swap(a, kv_cache=a["kv_cache"].cpu()), "kv_cache must be on"),
-    "kv_indices int64": (lambda a: _swap(a, kv_indices=a["kv_indices"].long()), "kv_indices must be"),
-    "qo_indptr length": (lambda a: _swap(a, qo_indptr=a["qo_indptr"][:-1].contiguous()), "qo_indptr"),
+    "kv_indices int64": (
+        lambda a: _swap(a, kv_indices=a["kv_indices"].long()),
+        "kv_indices must be Int, got Long",
+    ),
+    "qo_indptr length": (
+        lambda a: _swap(a, qo_indptr=a["qo_indptr"][:-1].contiguous()),
+        "kv_indptr must be [B+1] = [2] like qo_indptr",
+    ),
     "kv_indptr length": (
         lambda a: _swap(a, kv_indptr=a["kv_indptr"][:-1].contiguous()),
         "kv_indptr must be [B+1]",
@@ -644,11 +697,11 @@ BAD_CASES = {
     ),
     "tree mask without diagonal": (
         lambda a: _swap(a, tree_mask=torch.zeros_like(a["tree_mask"])),
-        "tree_mask",
+        "tree_mask: draft token 0 of request 0 does not see itself",
     ),
     "tree_mask_indptr inconsistent": (
         lambda a: _swap(a, tree_mask_indptr=(a["tree_mask_indptr"] * 2).int()),
-        "tree_mask_indptr",
+        "must equal tree_mask.numel()",
     ),
     "q misaligned": (
         lambda a: _swap(
@@ -665,11 +718,17 @@ BAD_CASES = {
         ),
         "out must start at a 16-byte aligned address",
     ),
-    "sm_scale nan": (lambda a: _swap(a, sm_scale=float("nan")), "sm_scale"),
-    "sm_scale negative": (lambda a: _swap(a, sm_scale=-0.1), "sm_scale"),
+    "sm_scale nan": (
+        lambda a: _swap(a, sm_scale=float("nan")),
+        "sm_scale must be a finite positive number, got nan",
+    ),
+    "sm_scale negative": (
+        lambda a: _swap(a, sm_scale=-0.1),
+        "sm_scale must be a finite positive number, got -0.1",
+    ),
     # Finite and positive as a double, but 0 or inf in the float32 the kernel computes in.
-    "sm_scale below float32": (lambda a: _swap(a, sm_scale=1e-50), "sm_scale"),
-    "sm_scale above float32": (lambda a: _swap(a, sm_scale=3e38), "sm_scale"),
+    "sm_scale below float32": (lambda a: _swap(a, sm_scale=1e-50), "outside float32's normal range"),
+    "sm_scale above float32": (lambda a: _swap(a, sm_scale=3e38), "outside float32's normal range"),
     "kv_cache misaligned": (
         lambda a: _swap(
             a,

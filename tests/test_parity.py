@@ -49,6 +49,27 @@ def test_one_row_off_by_2_percent_fails_and_is_named(bundle: Loader) -> None:
     assert "rel err 0.02 > 0.01 (1 rows, worst token 5, head 3)" in row.reason
 
 
+@pytest.mark.parametrize("factor", [0.99, 1.01])
+def test_the_rel_and_lse_thresholds_are_where_design_puts_them(bundle: Loader, factor: float) -> None:
+    """One row off by just under / just over DESIGN's rel 1e-2 (a scaled row keeps its cosine 1),
+    and one lse off by just under / just over 1e-3: a check looser or tighter by 1 % shows."""
+    b = bundle("smoke")
+    out = golden(b)
+    out[1, 4] *= 1 + factor * parity.REL_TOL
+    row = parity.check(b, "x", out, None)
+    assert row.status == ("pass" if factor < 1 else "fail"), row.reason
+    assert row.max_rel_err == pytest.approx(factor * parity.REL_TOL, rel=1e-9)
+    lse = b.golden_lse.double().clone()
+    lse[2, 3] += factor * parity.LSE_TOL
+    row = parity.check(b, "x", golden(b), lse)
+    assert row.status == ("pass" if factor < 1 else "fail"), row.reason
+    assert row.max_lse_abs_err == pytest.approx(factor * parity.LSE_TOL, rel=1e-6)
+
+
+def test_design_fixes_the_thresholds() -> None:
+    assert (parity.REL_TOL, parity.COS_TOL, parity.LSE_TOL) == (1e-2, 0.9999, 1e-3)
+
+
 def test_an_orthogonal_error_lowers_the_cosine(bundle: Loader) -> None:
     b = bundle("smoke")
     out = golden(b)
