@@ -588,7 +588,9 @@ def test_a_pytest_step_whose_every_test_skipped_is_skipped_not_passed(reports, t
     assert gpu_tests["reason"] == "1 test(s) skipped; the log's short summary says why"
     readme = (out / "README.md").read_text()
     assert "(1 test(s) skipped; the log's short summary says why)" in readme
-    assert record["sweep"]["summary"] == "164 rows, 0 errors -> x/index.html" and not record["sweep"]["reason"]
+    assert (
+        record["sweep"]["summary"] == "164 rows, 0 errors -> x/index.html" and not record["sweep"]["reason"]
+    )
     assert "| 164 rows, 0 errors -> x/index.html |" in readme
 
 
