@@ -57,11 +57,15 @@ RUNS = (
     pytest.param("racecheck", "long", f"except:{REPORTED}", "", id="racecheck-long"),
     pytest.param("racecheck", "long", f"only:{REPORTED}", UNIFORM, id="racecheck-long-small-uniform"),
 )
-# One hazard as racecheck prints it: its kind, then the read's and the write's function.
+# racecheck prints a hazard one of two ways: by itself ("Potential WAR hazard detected", then
+# the two threads' accesses) or, in its default analysis, as a race between one access and one or
+# more others ("Race reported between Write access at F" then "and Read access at G" lines).
 HAZARD = re.compile(
     r"Potential (\w+) hazard detected.*?\n=+\s+(Read|Write) Thread.*? at (\S+?)\(.*?\n=+\s+(Read|Write) Thread.*? at (\S+?)\(",
     re.S,
 )
+RACE = re.compile(r"Race reported between (Read|Write) access at (\S+?)\(")
+RACE_OTHER = re.compile(r"^=+\s+and (Read|Write) access at (\S+?)\(")
 
 
 def _sanitize(tool: str, workload: str, configs: str | None, flags: str) -> subprocess.CompletedProcess:
@@ -97,19 +101,36 @@ def test_compute_sanitizer_is_clean(tool: str, workload: str, configs: str | Non
     assert f"sanitizer workload {workload} done" in res.stdout, tail
 
 
+def races(text: str) -> list[tuple[str, dict[str, str]]]:
+    """Every pair of accesses racecheck reports in ``text``, either way it prints them: (the
+    hazard's kind, or "race" where the analysis gives none; {"Read": function, "Write": function})."""
+    found = []
+    for kind, first, first_fn, second, second_fn in HAZARD.findall(text):
+        found.append((kind, {first: first_fn, second: second_fn} if first != second else {first: first_fn}))
+    first: tuple[str, str] | None = None
+    for line in text.splitlines():
+        if m := RACE.search(line):
+            first = (m[1], m[2])
+        elif first and (m := RACE_OTHER.match(line)):
+            found.append(("race", {first[0]: first[1], m[1]: m[2]} if first[0] != m[1] else {m[1]: m[2]}))
+        elif not line.strip("= "):
+            first = None
+    return found
+
+
 def known_report(text: str) -> str:
-    """ "" when ``text`` holds only the documented report (at least one hazard, every one a WAR
-    between an ``ldmatrix .trans`` read and a ``cp.async`` write), else what else it holds."""
-    hazards = HAZARD.findall(text)
-    if not hazards:
+    """Empty when ``text`` holds only the documented report (at least one hazard, every one
+    between an ``ldmatrix .trans`` read and a ``cp.async`` write: a WAR), else what else it holds."""
+    found = races(text)
+    if not found:
         return "no hazard could be read from the report"
-    for kind, first, first_fn, second, second_fn in hazards:
-        access = {first: first_fn, second: second_fn}
-        if kind != "WAR" or not (
-            re.fullmatch(r"va::ldmatrix\w*_trans", access.get("Read", ""))
-            and re.fullmatch(r"va::cp_async_16\w*", access.get("Write", ""))
-        ):
-            return f"a {kind} hazard between {first} in {first_fn} and {second} in {second_fn}"
+    for kind, access in found:
+        known = re.fullmatch(r"va::ldmatrix\w*_trans", access.get("Read", "")) and re.fullmatch(
+            r"va::cp_async_16\w*", access.get("Write", "")
+        )
+        if kind not in ("WAR", "race") or not known:
+            pair = " and ".join(f"{a} in {fn}" for a, fn in access.items())
+            return f"a {kind} hazard between {pair}"
     return ""
 
 
