@@ -29,6 +29,23 @@ capture (SGLang captures with placeholder lengths), and a replay with longer pre
 address past the converted list. Without it the conversion spans SGLang's own ``kv_indices``
 buffer, which a graph's replays all fit.
 
+**Cost.** The conversion's work and temporaries grow with that length, not with the slots the
+call uses. Eager, SGLang's ``kv_indices`` is exactly ``sum P`` long. In its CUDA-graph mode it is
+one buffer of ``max_num_tokens * max_context_len`` entries (sglang 0.5.23,
+``TritonAttnBackend.init_cuda_graph_state``): ~21M for a batch of 32 x 4 draft tokens at
+DeepSeek-V3's 163840 context (int64 temporaries of ~170 MB), past this kernel's 2^30 bound from
+~100 x 64. So in graphs the adapter serves small batches only. The conversion is the same for
+every layer of a step: build it once per forward with :func:`verify_metadata_from_sglang` and
+pass it as ``metadata=`` to each layer's call. A kernel that takes the draft slots apart from
+the prefix's (no merged list) would remove the cost; it is not built.
+
+The prefix columns of ``custom_mask`` are not read: every draft token sees its whole prefix, as
+in SGLang's own kernel (its ``skip_prefix_custom_mask`` defaults to True, and SGLang may leave
+those columns unfilled). ``k_extend`` / ``v_extend`` are not read either: the draft tokens' rows
+must already be in the pool at ``out_cache_loc`` (SGLang's MLA forward saves them first).
+In SGLang's graph buffers ``qo_indptr`` is int64 and ``custom_mask`` an over-allocated uint8
+buffer; both are taken as they come.
+
 Preconditions, as in SGLang's own kernel: ``max_len_extend`` is at least every request's number
 of draft tokens, and ``kv_indices`` holds ``kv_indptr[B]`` slots. Calls in hot loops are not
 checked against them (that needs the device's data on the host); ``extend_attention_fwd(...,
@@ -96,7 +113,8 @@ def verify_metadata_from_sglang(
 
     With ``custom_mask`` the draft block of each request's mask is the visibility, and
     ``is_causal`` additionally hides later draft tokens (a no-op for a tree, whose parents
-    precede their children). Without one, ``is_causal`` gives a chain, else full visibility.
+    precede their children; SGLang's own kernel bounds columns per tile of rows instead, which
+    agrees for such masks only). Without one, ``is_causal`` gives a chain, else full visibility.
     """
     device = qo_indptr.device
     n = out_cache_loc.numel()
@@ -198,7 +216,9 @@ def extend_attention_fwd(
     *,
     out_cache_loc: torch.Tensor,
     prefix_len_sum: int | None = None,
+    metadata: VerifyMetadata | None = None,
     lse: torch.Tensor | None = None,
+    skip_prefix_custom_mask: bool = True,
     config: str = "auto",
     validate: bool = False,
     sliding_window_size: int = -1,
@@ -221,7 +241,10 @@ def extend_attention_fwd(
     own launch grid); any other value raises, naming the argument. ``validate=True`` (eager
     calls only: it copies the metadata to the host) checks the module docstring's preconditions
     and runs ``verify_attention``'s own checks, each error naming its argument; use it while
-    wiring the adapter in, and leave it off in the serving loop. Returns ``o_extend``.
+    wiring the adapter in, and leave it off in the serving loop. ``metadata``: this step's
+    :func:`verify_metadata_from_sglang` built once for all layers (the module docstring's cost);
+    given, the call converts nothing and reads ``qo_indptr`` and ``out_cache_loc`` only for their
+    shapes. Returns ``o_extend``.
     """
     if k_scale != 1.0 or v_scale != 1.0:
         raise ValueError(
@@ -236,6 +259,8 @@ def extend_attention_fwd(
         "page_size": (page_size, 1),
         "score_mod": (score_mod, None),
         "aux_tensors": (aux_tensors, None),
+        # False would apply the mask's prefix columns, which this kernel never reads
+        "skip_prefix_custom_mask": (skip_prefix_custom_mask, True),
     }
     for name, (value, supported) in unsupported.items():
         if (value is not None) if supported is None else (value != supported):
@@ -255,7 +280,7 @@ def extend_attention_fwd(
         )
     if validate:
         check_sglang_metadata(qo_indptr, kv_indptr, kv_indices, max_len_extend, prefix_len_sum)
-    meta = verify_metadata_from_sglang(
+    meta = metadata or verify_metadata_from_sglang(
         qo_indptr,
         kv_indptr,
         kv_indices,

@@ -169,6 +169,8 @@ def test_unsupported_sglang_options_are_refused_by_name() -> None:
     positional = list(args.kernel_kwargs(o).values())
     with pytest.raises(ValueError, match="sliding_window_size"):
         extend_attention_fwd(*positional, out_cache_loc=args.out_cache_loc, sliding_window_size=128)
+    with pytest.raises(ValueError, match="skip_prefix_custom_mask = False"):
+        extend_attention_fwd(*positional, out_cache_loc=args.out_cache_loc, skip_prefix_custom_mask=False)
     with pytest.raises(ValueError, match="k_scale"):
         extend_attention_fwd(*positional[:13], 0.5, 1.0, args.sm_scale, out_cache_loc=args.out_cache_loc)
     with pytest.raises(ValueError, match="v_buffer"):
@@ -337,3 +339,29 @@ def test_adapter_validate_checks_an_eager_call_and_changes_nothing_else() -> Non
     bad_slot[0] = batch.kv_cache.shape[0] + 7
     with pytest.raises((RuntimeError, ValueError), match="outside the pool"):
         extend_attention_fwd(*kwargs.values(), out_cache_loc=bad_slot, validate=True)
+
+
+def test_metadata_built_once_is_used_as_given_and_nothing_is_converted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step's conversion, built once and passed to every layer's call: the call hands the
+    kernel exactly those tensors and converts nothing itself."""
+    from kernel import sglang_adapter
+
+    args = sglang_verify_args(random_batch(random.Random(6)))
+    o = torch.empty(args.q_extend.shape[0], args.q_extend.shape[1], V_DIM, dtype=torch.bfloat16)
+    meta = convert(args)
+    seen = {}
+    monkeypatch.setattr(sglang_adapter, "verify_attention", lambda *a, **kw: seen.update(args=a, kwargs=kw))
+
+    def no_conversion(*a, **kw):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(sglang_adapter, "verify_metadata_from_sglang", no_conversion)
+    for _ in range(3):  # three layers of one step
+        seen.clear()
+        extend_attention_fwd(*args.kernel_kwargs(o).values(), out_cache_loc=args.out_cache_loc, metadata=meta)
+        kv_indices, kv_indptr, tree_mask, tree_mask_indptr = (seen["args"][i] for i in (2, 4, 5, 6))
+        assert kv_indices is meta.kv_indices and kv_indptr is meta.kv_indptr
+        assert tree_mask is meta.tree_mask and tree_mask_indptr is meta.tree_mask_indptr
+        assert seen["kwargs"]["out"] is o
