@@ -151,6 +151,13 @@ def _object(fields: Mapping[str, FieldType], required: tuple[str, ...] = ()) -> 
 
 
 STRING = FieldType("a string", lambda v: isinstance(v, str))
+
+
+def _one_of(*values: str) -> FieldType:
+    """A string among ``values``: a value no writer makes would be shown or compared as-is."""
+    return FieldType(f"one of {', '.join(map(repr, values))}", lambda v: v in values)
+
+
 INTEGER = FieldType("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
 NUMBER = FieldType("a number", _is_number)
 BOOLEAN = FieldType("true or false", lambda v: isinstance(v, bool))
@@ -159,7 +166,7 @@ OBJECT = _object({})
 PARITY_ROW_TYPES: dict[str, FieldType] = {
     "bundle": STRING,
     "impl": STRING,
-    "status": STRING,
+    "status": _one_of("pass", "fail", "error", "unavailable"),
     "reason": STRING,
     "max_rel_err": _or_null(NUMBER),
     "min_cosine": _or_null(NUMBER),
@@ -191,7 +198,7 @@ SWEEP_ROW_TYPES: dict[str, FieldType] = {
     "impl": STRING,
     # The params every grid case has (harness/cases.py), which tables, plots and fits key on.
     "params": _object(SWEEP_PARAMS_TYPES, required=SWEEP_PARAMS_REQUIRED),
-    "mode": STRING,
+    "mode": _one_of("cold", "graph"),
     "samples_ms": _list(NUMBER, "a list of numbers"),
     "median_ms": NUMBER,
     "iqr_ms": NUMBER,
@@ -214,7 +221,7 @@ SWEEP_ROW_TYPES: dict[str, FieldType] = {
     "throttle_reasons": _list(STRING, "a list of strings"),
     "note": STRING,
     "repro": STRING,
-    "status": STRING,
+    "status": _one_of("ok", "error"),
     "cold_l2": STRING,
     "gpu_index": _or_null(INTEGER),
     "gpu_uuid": _or_null(STRING),
@@ -225,7 +232,7 @@ SWEEP_ROW_TYPES: dict[str, FieldType] = {
 
 # Rows are checked apart (check_types), so that an error names the row by its case or bundle.
 RESULTS_TYPES: dict[str, FieldType] = {
-    "kind": STRING,
+    "kind": _one_of("sweep", "parity", "ab"),
     "created_utc": STRING,
     "command": STRING,
     "git": _object({"sha": _or_null(STRING), "dirty": _or_null(BOOLEAN), "describe": _or_null(STRING)}),

@@ -61,6 +61,24 @@ WRONG_TYPES = [
     ("notes-string", SWEEP, _set("notes", value="a note"), "notes must be a list of strings, got 'a note'"),
     ("notes-item-number", SWEEP, _set("notes", value=["a", 5]), "notes[1] must be a string, got 5"),
     (
+        "kind-unknown",
+        SWEEP,
+        _set("kind", value="banana"),
+        "kind must be one of 'sweep', 'parity', 'ab', got 'banana'",
+    ),
+    (
+        "sweep-status-unknown",
+        SWEEP,
+        _set("sweep", 3, "status", value="banana"),
+        f"{SWEEP_ROW3}: status must be one of 'ok', 'error', got 'banana'",
+    ),
+    (
+        "parity-status-unknown",
+        PARITY,
+        _set("parity", 0, "status", value="passed"),
+        "parity[0] (smoke-p1000-chain4 oracle): status must be one of 'pass', 'fail', 'error', 'unavailable', got 'passed'",
+    ),
+    (
         "ceilings-bandwidth-string",
         SWEEP,
         _set("ceilings", "copy_bandwidth_gbs", value="x"),
