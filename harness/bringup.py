@@ -453,9 +453,9 @@ def run_step(
             "skipped",
             f"every test skipped ({rec.summary}); the log's short summary says why",
         )
-    elif rec.status == "passed" and _is_pytest(step) and _counts(rec.summary).get("skipped"):
+    elif rec.status == "passed" and _is_pytest(step) and (skipped := _counts(rec.summary).get("skipped")):
         # passed, but not all of it ran: said beside the status, not only in the log's last line
-        rec.reason = f"{_counts(rec.summary)['skipped']} test(s) skipped; the log's short summary says why"
+        rec.reason = f"{skipped} test(s) skipped; the log's short summary says why"
     return rec
 
 

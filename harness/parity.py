@@ -21,7 +21,6 @@ report cannot be written.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import shlex
 import sys
 import time
@@ -42,7 +41,7 @@ from harness.materialise import PoolMismatchError
 from harness.registry import Implementation, implementations
 from harness.results import REPORTS_DIR as REPORTS_DIR  # where runs are written, as before
 from harness.results import ParityRow, Results, ResultsError, run_folder
-from harness.timing import GpuLockError, exclusive_gpu
+from harness.timing import GpuLockError, gpu_lock_for
 
 REL_TOL = 1e-2
 COS_TOL = 0.9999
@@ -333,7 +332,7 @@ def _cmd_parity(args: argparse.Namespace) -> int:
     now = datetime.now(timezone.utc)
     try:
         # One GPU-holding process at a time: parity shares the lock with timed sweeps.
-        with exclusive_gpu() if device.type == "cuda" else contextlib.nullcontext():
+        with gpu_lock_for(device):
             rows, unavailable = run_parity(names, impls, device)
     except (BundleError, PoolMismatchError, GpuLockError) as e:
         print(f"parity: {e}", file=sys.stderr)

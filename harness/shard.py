@@ -127,6 +127,7 @@ from harness.timing import (
     Timing,
     capture_graph,
     exclusive_gpu,
+    gpu_lock_for,
     is_stable,
     l2_bytes_of,
     rotation_sets,
@@ -1160,11 +1161,6 @@ def workers_folder(prefix: str) -> Iterator[Path]:
         raise
 
 
-def _gpu_lock(opts: SweepOptions) -> contextlib.AbstractContextManager:
-    """The box's GPU lock for a CUDA run; a CPU run neither waits for one nor holds one up."""
-    return exclusive_gpu() if opts.device.type == "cuda" else contextlib.nullcontext()
-
-
 def _main_sharded(args: argparse.Namespace, opts: SweepOptions) -> int:
     slots = _slots("--gpus", args.gpus, opts.device)
     timeout_s = _timeout(args)
@@ -1181,7 +1177,7 @@ def _main_sharded(args: argparse.Namespace, opts: SweepOptions) -> int:
     _check_can_run(opts, args.out)
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     with workers_folder("verify-attention-shards-") as tmp:
-        with _gpu_lock(opts):
+        with gpu_lock_for(opts.device):
             outcomes = run_workers(args, slots, shards, tmp, timeout_s)
         parts: list[Part] = []
         failures: list[Failure] = []
@@ -1238,7 +1234,7 @@ def _main_tp(args: argparse.Namespace, opts: SweepOptions) -> int:
     )
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     with workers_folder("verify-attention-tp-") as tmp:
-        with _gpu_lock(opts):
+        with gpu_lock_for(opts.device):
             outcomes = run_ranks(spec, slots, tmp, timeout_s)
         loaded = [(o, o.results()) for o in outcomes]
         if any(r is None for _, r in loaded):

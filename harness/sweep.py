@@ -94,7 +94,7 @@ from harness.timing import (
     MODES,
     GpuLockError,
     Timing,
-    exclusive_gpu,
+    gpu_lock_for,
     l2_bytes_of,
     measure,
     rotation_sets,
@@ -807,13 +807,12 @@ def main(args: argparse.Namespace) -> int:
     if why:
         return _error(why)
     command = shlex.join(["python", "-m", "harness", "sweep", *command_args(args)])
-    if device.type != "cuda":
-        # the lock keeps timed GPU runs apart; a CPU run neither waits for one nor holds one up
-        lock: contextlib.AbstractContextManager = contextlib.nullcontext()
-    elif args.shard is not None:
-        lock = shard.worker_lock(device, under_parent=shard.PARENT_ENV in os.environ)
+    if device.type == "cuda" and args.shard is not None:
+        lock: contextlib.AbstractContextManager = shard.worker_lock(
+            device, under_parent=shard.PARENT_ENV in os.environ
+        )
     else:
-        lock = exclusive_gpu()
+        lock = gpu_lock_for(device)
     try:
         with lock:
             results = run_sweep(opts, command)

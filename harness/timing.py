@@ -396,6 +396,12 @@ def _open_lock(path: Path) -> tuple[IO[str], bool]:
     ) from error
 
 
+def gpu_lock_for(device: torch.device) -> contextlib.AbstractContextManager:
+    """:func:`exclusive_gpu` for a run on a CUDA device; a CPU run neither waits for the lock nor
+    holds one up."""
+    return exclusive_gpu() if device.type == "cuda" else contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def exclusive_gpu(path: Path = GPU_LOCK_PATH) -> Iterator[None]:
     """Hold an exclusive ``fcntl`` lock on ``path`` while timing: two timed runs on one box

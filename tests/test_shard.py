@@ -786,11 +786,11 @@ def test_spin_outlasts_the_whole_enqueue() -> None:
 
 def test_a_cpu_run_of_workers_takes_no_gpu_lock_and_a_cuda_run_does(monkeypatch: pytest.MonkeyPatch) -> None:
     taken = []
-    monkeypatch.setattr(shard, "exclusive_gpu", lambda: taken.append("lock") or contextlib.nullcontext())
-    with shard._gpu_lock(_opts()):
+    monkeypatch.setattr(timing, "exclusive_gpu", lambda: taken.append("lock") or contextlib.nullcontext())
+    with timing.gpu_lock_for(_opts().device):
         pass
     assert taken == []
-    with shard._gpu_lock(replace(_opts(), device=torch.device("cuda"))):
+    with timing.gpu_lock_for(replace(_opts(), device=torch.device("cuda")).device):
         pass
     assert taken == ["lock"]
 

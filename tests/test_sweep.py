@@ -716,7 +716,7 @@ def test_a_cpu_sweep_takes_no_gpu_lock(
     def locked(*args, **kwargs):
         raise AssertionError("a CPU sweep took the GPU lock")
 
-    monkeypatch.setattr(sweep, "exclusive_gpu", locked)
+    monkeypatch.setattr(timing, "exclusive_gpu", locked)
     monkeypatch.setattr(shard, "worker_lock", locked)
     monkeypatch.delenv(shard.PARENT_ENV, raising=False)
     args = [*_cpu_args(tmp_path), "--impls", "quick-impl", "--out", str(tmp_path / "run"), *extra]
@@ -747,7 +747,7 @@ def test_a_cuda_sweep_times_while_it_holds_the_gpu_lock(
         yield
         cuda_sweep.append("unlocked")
 
-    monkeypatch.setattr(sweep, "exclusive_gpu", exclusive_gpu)
+    monkeypatch.setattr(timing, "exclusive_gpu", exclusive_gpu)
     grid = tmp_path / "cpu.toml"
     grid.write_text(CPU_GRID)
     assert cli_main(["sweep", "--grid", str(grid), "--out", str(tmp_path / "run")]) == 0
@@ -758,7 +758,8 @@ def test_a_gpu_lock_that_cannot_be_opened_exits_2_naming_the_lock_file(
     stand_ins: None, cuda_sweep: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
     lock = tmp_path / "no-such-folder" / "gpu.lock"
-    monkeypatch.setattr(sweep, "exclusive_gpu", lambda: timing.exclusive_gpu(lock))
+    real = timing.exclusive_gpu
+    monkeypatch.setattr(timing, "exclusive_gpu", lambda: real(lock))
     grid = tmp_path / "cpu.toml"
     grid.write_text(CPU_GRID)
     out = tmp_path / "run"
