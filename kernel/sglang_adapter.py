@@ -54,6 +54,7 @@ validate=True)`` checks them, and every check ``verify_attention`` makes, on an 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -89,6 +90,38 @@ def _request_of(indptr: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 def _words_to_int32(words: torch.Tensor) -> torch.Tensor:
     # Sums of 32 bits fit int64; int32 holds bit 31 as the sign, as kernel/tree_mask.py does.
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def _slots_by_triton(kv_indices: torch.Tensor) -> bool:
+    """The slot list by kernel/sglang_slots.py (work that follows the step's lengths) on a CUDA
+    device, or on the CPU under Triton's interpreter; by torch ops over the whole buffer elsewhere
+    (CPU and meta tensors)."""
+    return kv_indices.is_cuda or (
+        kv_indices.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+    )
+
+
+def _merge_slots_torch(
+    kvp: torch.Tensor,
+    qo: torch.Tensor,
+    prefix_len: torch.Tensor,
+    ours_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    k: int,
+) -> torch.Tensor:
+    """kernel/sglang_slots.py's list by torch ops: position j of the output is request b's
+    (j - ours_indptr[b])-th slot, from the prefix slots or out_cache_loc (concatenated, so one
+    gather serves both). Works over all k positions (the tail past the last request zero)."""
+    num_prefix_slots = kv_indices.numel()
+    j = torch.arange(k, device=kv_indices.device)
+    b = _request_of(ours_indptr, j)
+    r = j - ours_indptr[b]
+    in_prefix = r < prefix_len[b]
+    src = torch.where(in_prefix, kvp[b] + r, num_prefix_slots + qo[b] + r - prefix_len[b])
+    used = j < ours_indptr[-1]
+    sources = torch.cat([kv_indices.to(torch.int64), out_cache_loc.to(torch.int64)])
+    return torch.where(used, sources[torch.where(used, src, 0)], 0).to(torch.int32)
 
 
 def _check_indptr_shapes(qo_indptr: torch.Tensor, kv_indptr: torch.Tensor) -> None:
@@ -146,16 +179,12 @@ def verify_metadata_from_sglang(
     prefix_len = kvp[1:] - kvp[:-1]
     ours_indptr = kvp + qo
 
-    # kv_indices: position j of the output is request b's (j - ours_indptr[b])-th slot; its
-    # source is the prefix slot list or out_cache_loc, concatenated so one gather serves both.
-    j = torch.arange(k, device=device)
-    b = _request_of(ours_indptr, j)
-    r = j - ours_indptr[b]
-    in_prefix = r < prefix_len[b]
-    src = torch.where(in_prefix, kvp[b] + r, num_prefix_slots + qo[b] + r - prefix_len[b])
-    used = j < ours_indptr[-1]
-    sources = torch.cat([kv_indices.to(torch.int64), out_cache_loc.to(torch.int64)])
-    ours_kv_indices = torch.where(used, sources[torch.where(used, src, 0)], 0).to(torch.int32)
+    if _slots_by_triton(kv_indices):
+        from .sglang_slots import merge_slots
+
+        ours_kv_indices = merge_slots(kv_indptr, qo_indptr, kv_indices, out_cache_loc, k)
+    else:
+        ours_kv_indices = _merge_slots_torch(kvp, qo, prefix_len, ours_indptr, kv_indices, out_cache_loc, k)
 
     # Tree mask: row i of request b packs draft columns [0, T_b) into words_per_row(T_b) words.
     w_max = words_per_row(max_len_extend)

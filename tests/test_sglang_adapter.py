@@ -18,6 +18,7 @@ import torch
 from harness.batch import QK_DIM, V_DIM, VerifyBatch
 from harness.impl_sglang import SglangVerifyArgs, sglang_verify_args
 from harness.tree import chain, random_tree
+from kernel import sglang_adapter
 from kernel.sglang_adapter import check_sglang_metadata, extend_attention_fwd, verify_metadata_from_sglang
 from kernel.tree_mask import pack_parents, pack_visibility, words_per_row
 
@@ -241,6 +242,147 @@ def test_the_v_buffer_message_says_which_half_is_wrong() -> None:
     assert "width" not in str(e.value)
 
 
+# The slot list by kernel/sglang_slots.py (Triton), against the torch conversion above. On the
+# CPU it runs in Triton's interpreter, in a child process: triton reads TRITON_INTERPRET when a
+# kernel is decorated (tests/test_sglang_baseline.py says why it must not be set here).
+
+SLOTS_CHILD = """
+import sys, torch
+import kernel.sglang_adapter as adapter
+cases = torch.load(sys.argv[1], weights_only=True)
+results = []
+for case in cases:
+    got = adapter.verify_metadata_from_sglang(**case)
+    results.append({"kv_indices": got.kv_indices, "kv_indptr": got.kv_indptr,
+                    "by_triton": adapter._slots_by_triton(case["kv_indices"])})
+results.append("kernel.sglang_slots" in sys.modules)
+torch.save(results, sys.argv[2])
+"""
+
+
+def sglang_cases_with_graph_buffers(seeds: range) -> list[tuple[VerifyBatch, dict]]:
+    """SGLang's metadata as its CUDA-graph mode holds it: kv_indices over-allocated (a tail of
+    slots that must never be copied), qo_indptr int64; half of them with prefix_len_sum."""
+    cases = []
+    for seed in seeds:
+        rng = random.Random(seed)
+        batch = random_batch(rng, max_prefix=2000)
+        args = sglang_verify_args(batch)
+        spare = torch.full((rng.randint(0, 3000),), 10**9, dtype=torch.int64)
+        case = {
+            "qo_indptr": args.qo_indptr.to(torch.int64),
+            "kv_indptr": args.kv_indptr,
+            "kv_indices": torch.cat([args.kv_indices, spare]),
+            "out_cache_loc": args.out_cache_loc,
+            "custom_mask": args.custom_mask,
+            "mask_indptr": args.mask_indptr,
+            "max_len_extend": args.max_len_extend,
+        }
+        if seed % 2:
+            case["prefix_len_sum"] = sum(batch.prefix_lens)
+        cases.append((batch, case))
+    return cases
+
+
+def run_slots_child(tmp_path, cases: list[dict], script: str = SLOTS_CHILD) -> list:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    torch.save(cases, tmp_path / "cases.pt")
+    child = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "cases.pt"), str(tmp_path / "out.pt")],
+        cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=180,  # a store past its buffer can leave the interpreter hung: a failure too
+    )
+    assert child.returncode == 0, child.stderr[-4000:]
+    return torch.load(tmp_path / "out.pt", weights_only=True)
+
+
+def test_triton_slot_list_equals_the_batch_and_the_torch_conversion_in_the_interpreter(tmp_path) -> None:
+    pairs = sglang_cases_with_graph_buffers(range(24))
+    results = run_slots_child(tmp_path, [case for _, case in pairs])
+    assert results.pop() is True, "the child never imported kernel.sglang_slots"
+    for (batch, case), got in zip(pairs, results, strict=True):
+        assert got["by_triton"]
+        end = int(batch.kv_indptr[-1])
+        assert torch.equal(got["kv_indices"][:end], batch.kv_indices)
+        assert torch.equal(got["kv_indptr"], batch.kv_indptr)
+        # the torch conversion of the same metadata agrees on everything the kernel reads
+        ref = verify_metadata_from_sglang(**case)
+        assert got["kv_indices"].shape == ref.kv_indices.shape
+        assert torch.equal(got["kv_indices"][:end], ref.kv_indices[:end])
+
+
+MERGE_CHILD = """
+import sys, torch
+from kernel.sglang_slots import merge_slots
+calls = torch.load(sys.argv[1], weights_only=True)
+for call in calls:
+    merge_slots(call["kv_indptr"], call["qo_indptr"], call["kv_indices"], call["out_cache_loc"],
+                call["out_len"], out=call["out"])
+torch.save([call["out"] for call in calls], sys.argv[2])
+"""
+
+SENTINEL = 777_777
+
+
+def test_triton_slot_list_stays_in_its_buffers_when_sglang_breaks_a_precondition(tmp_path) -> None:
+    """kv_indices shorter than kv_indptr addresses, out_cache_loc shorter than qo_indptr's, and an
+    output shorter than the step's slots (a prefix_len_sum below the sum): every buffer is a view
+    of a longer one whose tail holds a sentinel, so a load past an end would copy it and a store
+    past out_len would overwrite it. Slots both buffers hold are right; the rest read 0."""
+    ((batch, case),) = sglang_cases_with_graph_buffers(range(103, 104))  # 8 requests, 5209 + 80 slots
+    prefix_sum, n = sum(batch.prefix_lens), batch.q.shape[0]
+    assert prefix_sum > 40 and n > 2, "the case needs prefix and draft slots to cut"
+
+    def view_of_longer(t: torch.Tensor, keep: int) -> torch.Tensor:
+        longer = torch.cat([t[:keep], torch.full((64,), SENTINEL, dtype=t.dtype)])
+        return longer[:keep]
+
+    kv_indices = view_of_longer(case["kv_indices"], prefix_sum // 2)
+    out_cache_loc = view_of_longer(case["out_cache_loc"], n // 2)
+    out_len = (prefix_sum + n) * 2 // 3
+    out = torch.full((out_len + 64,), -SENTINEL, dtype=torch.int32)
+    call = {
+        "kv_indptr": case["kv_indptr"],
+        "qo_indptr": case["qo_indptr"],
+        "kv_indices": kv_indices,
+        "out_cache_loc": out_cache_loc,
+        "out_len": out_len,
+        "out": out,
+    }
+    (got,) = run_slots_child(tmp_path, [call], MERGE_CHILD)
+    assert not (got == SENTINEL).any(), "a load read past its buffer's end"
+    assert (got[out_len:] == -SENTINEL).all(), "a store wrote past out_len"
+    # What the full buffers would give, position by position, where the cut buffers hold it.
+    full = _merge_reference(case, prefix_sum + n)
+    kvp, qo = case["kv_indptr"].tolist(), case["qo_indptr"].tolist()
+    for b in range(len(kvp) - 1):
+        for r in range(kvp[b + 1] - kvp[b] + qo[b + 1] - qo[b]):
+            dst = kvp[b] + qo[b] + r
+            if dst >= out_len:
+                continue
+            src_in_prefix = r < kvp[b + 1] - kvp[b]
+            held = (
+                kvp[b] + r < kv_indices.numel()
+                if src_in_prefix
+                else qo[b] + r - (kvp[b + 1] - kvp[b]) < n // 2
+            )
+            assert int(got[dst]) == (int(full[dst]) if held else 0), (b, r)
+
+
+def _merge_reference(case: dict, k: int) -> torch.Tensor:
+    qo, kvp = case["qo_indptr"].to(torch.int64), case["kv_indptr"].to(torch.int64)
+    return sglang_adapter._merge_slots_torch(
+        kvp, qo, kvp[1:] - kvp[:-1], kvp + qo, case["kv_indices"], case["out_cache_loc"], k
+    )
+
+
 # GPU: both kernels on SGLang-format batches.
 
 needs_sglang = pytest.mark.skipif(
@@ -314,6 +456,101 @@ def test_adapter_call_syncs_nothing_and_replays_from_a_cuda_graph() -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(o_graph, o_eager)
+
+
+@pytest.mark.gpu
+def test_triton_slot_list_equals_the_torch_conversion_on_the_gpu() -> None:
+    for batch, case in sglang_cases_with_graph_buffers(range(200, 216)):
+        cuda = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.items()}
+        assert sglang_adapter._slots_by_triton(cuda["kv_indices"])
+        got = verify_metadata_from_sglang(**cuda)
+        end = int(batch.kv_indptr[-1])
+        assert torch.equal(got.kv_indices[:end].cpu(), batch.kv_indices)
+        assert torch.equal(got.kv_indptr.cpu(), batch.kv_indptr)
+        ref = _merge_reference(cuda, got.kv_indices.numel())
+        assert torch.equal(got.kv_indices[:end], ref[:end])
+
+
+def _batch_in_pool(pool: torch.Tensor, prefix_lens, num_draft: int, num_heads: int, seed: int) -> VerifyBatch:
+    """A verify step over an existing pool: random slots, trees and queries (all on pool's device)."""
+    rng = random.Random(seed)
+    b = len(prefix_lens)
+    parents = tuple(random_tree(num_draft, rng.randrange(2**31)) for _ in range(b))
+    kv_lens = [p + num_draft for p in prefix_lens]
+    g = torch.Generator().manual_seed(seed)
+    slots = torch.randperm(pool.shape[0], generator=g)[: sum(kv_lens)]
+    return VerifyBatch(
+        q=torch.randn(b * num_draft, num_heads, QK_DIM, generator=g).to(torch.bfloat16).to(pool.device),
+        kv_cache=pool,
+        kv_indices=slots.to(torch.int32).to(pool.device),
+        qo_indptr=torch.arange(0, (b + 1) * num_draft, num_draft, dtype=torch.int32, device=pool.device),
+        kv_indptr=torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32).to(
+            pool.device
+        ),
+        prefix_lens=tuple(prefix_lens),
+        parents=parents,
+        sm_scale=SM_SCALE,
+    )
+
+
+@pytest.mark.gpu
+def test_adapter_graph_captured_at_placeholder_lengths_replays_real_steps() -> None:
+    """SGLang's CUDA-graph mode: the graph is captured once with placeholder prefixes (length 1)
+    over static buffers (kv_indices sized max_num_tokens x max_context_len), and each replay
+    follows metadata copied into those buffers in place. Every replay must equal an eager call on
+    the step's exact-size metadata, bit for bit, and the float64 reference."""
+    from harness.oracle import reference
+
+    b, t, h, max_context = 4, 16, 8, 3000
+    g = torch.Generator().manual_seed(7)
+    pool = torch.randn(b * (max_context + t) + 100, QK_DIM, generator=g).to(torch.bfloat16).cuda()
+    n = b * t
+    static = {
+        "qo_indptr": torch.arange(0, (b + 1) * t, t, dtype=torch.int64, device="cuda"),
+        "kv_indptr": torch.arange(b + 1, dtype=torch.int32, device="cuda"),  # placeholders: P_b = 1
+        "kv_indices": torch.zeros(n * max_context, dtype=torch.int64, device="cuda"),
+        "out_cache_loc": torch.arange(b, b + n, dtype=torch.int64, device="cuda"),
+        "custom_mask": torch.ones(n * (max_context + t), dtype=torch.uint8, device="cuda"),
+        "mask_indptr": torch.arange(0, (b + 1) * t * (1 + t), t * (1 + t), dtype=torch.int64, device="cuda"),
+    }
+    q = torch.zeros(n, h, QK_DIM, dtype=torch.bfloat16, device="cuda")
+    o = torch.zeros(n, h, V_DIM, dtype=torch.bfloat16, device="cuda")
+    k_buffer = pool.view(-1, 1, QK_DIM)
+
+    def call() -> None:
+        meta = verify_metadata_from_sglang(**static, max_len_extend=t)
+        extend_attention_fwd(
+            q, None, None, o, k_buffer, k_buffer[..., :V_DIM], static["qo_indptr"], static["kv_indptr"],
+            static["kv_indices"], static["custom_mask"], True, static["mask_indptr"], t, 1.0, 1.0, SM_SCALE,
+            out_cache_loc=static["out_cache_loc"], metadata=meta,
+        )  # fmt: skip
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()  # builds and warms up off the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+
+    for step, prefixes in enumerate(((2500, 0, 1, 1800), (37, 2999, 640, 2048), (1, 1, 1, 1))):
+        batch = _batch_in_pool(pool, prefixes, t, h, seed=step)
+        args = sglang_verify_args(batch)
+        static["kv_indptr"].copy_(args.kv_indptr)
+        static["kv_indices"][: args.kv_indices.numel()].copy_(args.kv_indices)
+        static["out_cache_loc"].copy_(args.out_cache_loc)
+        static["custom_mask"][: args.custom_mask.numel()].copy_(args.custom_mask)
+        static["mask_indptr"].copy_(args.mask_indptr)
+        q.copy_(batch.q)
+        o.zero_()
+        graph.replay()
+        eager = torch.empty_like(o)
+        extend_attention_fwd(*args.kernel_kwargs(eager).values(), out_cache_loc=args.out_cache_loc)
+        torch.cuda.synchronize()
+        assert torch.equal(o, eager), f"step {step}: the replay differs from an eager call"
+        rel, cos = row_errors(o, reference(batch)[0])
+        assert rel <= REL_TOL and cos >= COS_TOL, f"step {step}: max rel {rel:.3g}, min cos {cos:.6f}"
 
 
 @pytest.mark.gpu
