@@ -389,6 +389,10 @@ LONGER_THAN_INDPTR = (
     (100, 7, 0, 64, 5),
     (33000, 64, 48, 0, 0),
     (33000, 64, 0, 0, 3),
+    # kv_indices past the lines the wgmma-ws kernels prefetch at entry (64 a CTA, ~270k slots on
+    # 132 SMs): the rest is prefetched only up to kv_indptr[B], here nothing, then 928 lines
+    (1000, 16, 400000, 0, 0),
+    (300000, 16, 100000, 0, 0),
 )
 
 
