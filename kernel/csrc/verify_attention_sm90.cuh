@@ -786,17 +786,15 @@ __device__ __forceinline__ void l2_prefetch_slice(const char* base, int lines) {
 }
 // kv_indices' lines prefetched at entry with no load first: up to this many a CTA (8,448 lines,
 // ~270k slots on 132 SMs). A longer kv_indices (an over-allocated buffer, as the SGLang adapter
-// passes in CUDA-graph mode: kernel/NOTES.md, "kv_indices longer than the call addresses") has
-// the rest prefetched only up to kv_indptr[B], by WG1-WG2's threads, which wait for the plan anyway
-// (WG0's thread 32 issues Q's copies and warp 0 plans right after this).
+// passes in CUDA-graph mode) has the rest prefetched only up to kv_indptr[B], by WG1-WG2's
+// threads, which wait for the plan anyway (WG0's thread 32 issues Q's copies and warp 0 plans
+// right after this). v38-v76 prefetched every line: +5-7 us a call at SGLang's graph-buffer size
+// (kernel/NOTES.md, v77).
 constexpr int kEntryIndexLinesPerCta = 64;
 __device__ __forceinline__ void entry_prefetch(const Params& p) {
   l2_prefetch_slice(reinterpret_cast<const char*>(p.q), p.num_q_rows * 9);  // 1152 B a row
   const char* kv_indices = reinterpret_cast<const char*>(p.kv_indices);
   const int index_lines = (p.num_kv_indices + 31) / 32;
-#ifdef VA_PREFETCH_WHOLE_KV_INDICES  // trial switch: every line of kv_indices, as v38-v76
-  l2_prefetch_slice(kv_indices, index_lines);
-#else
   const int near = min(index_lines, kEntryIndexLinesPerCta * static_cast<int>(gridDim.x));
   l2_prefetch_slice(kv_indices, near);
   if (index_lines > near && threadIdx.x >= 128) {
@@ -806,7 +804,6 @@ __device__ __forceinline__ void entry_prefetch(const Params& p) {
     for (int l = near + per * blockIdx.x + threadIdx.x - 128; l < end; l += blockDim.x - 128)
       asm volatile("prefetch.global.L2 [%0];\n" ::"l"(kv_indices + static_cast<int64_t>(l) * 128));
   }
-#endif
   if (threadIdx.x == 0) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p.tree_mask_indptr));
 }
 
