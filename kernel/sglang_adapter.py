@@ -18,8 +18,8 @@ At ``TritonAttnBackend.forward_extend`` for an MLA verify step SGLang holds:
 
 This kernel takes, per request, its prefix slots then its draft slots in one ``kv_indices``
 and the draft-to-draft visibility as packed bits (kernel/tree_mask.py).
-:func:`verify_metadata_from_sglang` builds those on the device with torch ops only: no
-``.item()``, no host copy, every shape from host ints SGLang already has (batch size,
+:func:`verify_metadata_from_sglang` builds those on the device (torch ops, and on a CUDA
+device a Triton kernel for the slot list): no ``.item()``, no host copy, every shape from host ints SGLang already has (batch size,
 ``max_len_extend``, the number of draft tokens, and ``sum P`` when the backend knows it), so
 the conversion and the kernel call can be captured in a CUDA graph.
 
@@ -29,15 +29,22 @@ capture (SGLang captures with placeholder lengths), and a replay with longer pre
 address past the converted list. Without it the conversion spans SGLang's own ``kv_indices``
 buffer, which a graph's replays all fit.
 
-**Cost.** The conversion's work and temporaries grow with that length, not with the slots the
-call uses. Eager, SGLang's ``kv_indices`` is exactly ``sum P`` long. In its CUDA-graph mode it is
-one buffer of ``max_num_tokens * max_context_len`` entries (sglang 0.5.23,
-``TritonAttnBackend.init_cuda_graph_state``): ~21M for a batch of 32 x 4 draft tokens at
-DeepSeek-V3's 163840 context (int64 temporaries of ~170 MB), past this kernel's 2^30 bound from
-~100 x 64. So in graphs the adapter serves small batches only. The conversion is the same for
-every layer of a step: build it once per forward with :func:`verify_metadata_from_sglang` and
-pass it as ``metadata=`` to each layer's call. A kernel that takes the draft slots apart from
-the prefix's (no merged list) would remove the cost; it is not built.
+**Cost.** SGLang keeps the prefix slots and the draft tokens' slots apart; this kernel reads one
+list. On a CUDA device one Triton kernel (kernel/sglang_slots.py) builds it, its work the step's
+``sum P + N`` slots whatever the length of SGLang's ``kv_indices`` buffer, its memory its output
+(int32, that length + N). That length is ``sum P`` eager, and in SGLang's CUDA-graph mode one
+buffer of ``max_num_tokens * max_context_len`` entries (sglang 0.5.23,
+``TritonAttnBackend.init_cuda_graph_state``): ~21M for 32 x 4 draft tokens at DeepSeek-V3's
+163840 context, so an 84 MB list. Measured on an H200 at that size (reports/README.md, the
+adapter's runs): the whole conversion 0.13 ms eager and 0.10 ms in a graph, as at any length,
+most of it the tree mask's small torch ops; torch ops over the whole buffer (still the path for
+CPU and meta tensors) took 2.3 ms and 1.2 GB. The kernel's call costs the same with the long
+list as with an exact one (its L2 prefetch stops at ``kv_indptr[B]``, kernel/NOTES.md v77). The
+list must stay within the kernel's 2^30 bound: ``max_num_tokens * max_context_len + N`` up to
+~6,500 tokens at a 163840 context. The conversion is the same for every layer of a step: build
+it once per forward with :func:`verify_metadata_from_sglang` and pass it as ``metadata=`` to
+each layer's call. A kernel that read SGLang's two slot lists as they are would save the list
+and its 0.1 ms; it is not built.
 
 The prefix columns of ``custom_mask`` are not read: every draft token sees its whole prefix, as
 in SGLang's own kernel (its ``skip_prefix_custom_mask`` defaults to True, and SGLang may leave
@@ -54,6 +61,8 @@ validate=True)`` checks them, and every check ``verify_attention`` makes, on an 
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 from dataclasses import dataclass
 
@@ -70,9 +79,10 @@ class VerifyMetadata:
     """This kernel's view of one SGLang verify step.
 
     kv_indices and tree_mask are sized from host ints only, so they can be longer than their
-    indptr's last entry (zero-filled tail): kv_indices when SGLang's ``kv_indices`` is
-    over-allocated and ``prefix_len_sum`` is not given, tree_mask when requests with more than
-    32 draft tokens differ in ``words_per_row``. The kernel reads only what the indptrs address.
+    indptr's last entry: kv_indices when SGLang's ``kv_indices`` is over-allocated and
+    ``prefix_len_sum`` is not given (that tail unwritten on a CUDA device, zero elsewhere),
+    tree_mask when requests with more than 32 draft tokens differ in ``words_per_row`` (zero).
+    The kernel reads only what the indptrs address.
     """
 
     kv_indices: torch.Tensor  # [K] int32, K = prefix_len_sum (or SGLang's kv_indices.numel()) + N
@@ -95,10 +105,16 @@ def _words_to_int32(words: torch.Tensor) -> torch.Tensor:
 def _slots_by_triton(kv_indices: torch.Tensor) -> bool:
     """The slot list by kernel/sglang_slots.py (work that follows the step's lengths) on a CUDA
     device, or on the CPU under Triton's interpreter; by torch ops over the whole buffer elsewhere
-    (CPU and meta tensors)."""
-    return kv_indices.is_cuda or (
+    (CPU and meta tensors), and wherever Triton is not installed."""
+    on_device = kv_indices.is_cuda or (
         kv_indices.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
     )
+    return on_device and _have_triton()
+
+
+@functools.cache
+def _have_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
 
 
 def _merge_slots_torch(
