@@ -318,6 +318,17 @@ def test_triton_slot_list_equals_the_batch_and_the_torch_conversion_in_the_inter
         assert torch.equal(got["kv_indices"][:end], ref.kv_indices[:end])
 
 
+def test_the_slot_list_path_follows_the_device_the_interpreter_and_triton(monkeypatch) -> None:
+    cpu = torch.zeros(3, dtype=torch.int64)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not sglang_adapter._slots_by_triton(cpu)
+    assert not sglang_adapter._slots_by_triton(cpu.to("meta"))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert sglang_adapter._slots_by_triton(cpu) == sglang_adapter._have_triton()
+    monkeypatch.setattr(sglang_adapter, "_have_triton", lambda: False)
+    assert not sglang_adapter._slots_by_triton(cpu)
+
+
 MERGE_CHILD = """
 import sys, torch
 from kernel.sglang_slots import merge_slots
