@@ -14,7 +14,9 @@ builds the microbenchmark with ``nvcc`` for this GPU's architecture (cached besi
 builds, keyed by the source, the architecture and the nvcc version), measures the matmul ceiling
 as the sweeps do (:func:`harness.roofline.measure_ceilings`) unless ``--matmul-tflops`` gives it,
 and writes ``mma-peak.json`` (every run's line, the best, the ceilings, the GPU, the commit) into
-``DIR`` (default ``reports/<UTC time>-mma-peak-<gpu>-<sha7>/``).
+``DIR`` (default ``reports/<UTC time>-mma-peak-<gpu>-<sha7>/``). A ``DIR`` that already holds a
+run's results or an ``mma-peak.json`` is refused before the build (exit 2), but for a bring-up's
+folder, whose rerun replaces the records of the steps it runs.
 """
 
 from __future__ import annotations
@@ -159,6 +161,24 @@ def best_run(runs: list[dict[str, Any]], mode: int | None = None) -> Best:
     return Best(float(top["tflops"]), float(top["of_matmul"]), top)
 
 
+# A bring-up's folder (its record beside): its mma-peak step may run again there, and replaces
+# the step's record as a bring-up rerun replaces every step it runs (harness/bringup.py).
+BRINGUP_RECORD = "bringup.json"
+
+
+def check_no_record(out: str | None) -> None:
+    """An ``--out`` that already holds an mma-peak record is refused (ValueError): this run would
+    replace it. A bring-up's folder is the exception (its rerun replaces its steps' records)."""
+    if not out or not Path(out).is_dir():
+        return
+    held = Path(out) / OUTPUT_FILE
+    if (held.exists() or held.is_symlink()) and not (Path(out) / BRINGUP_RECORD).is_file():
+        raise ValueError(
+            f"--out {out} already holds {OUTPUT_FILE}, which this run would replace; expected a "
+            "new folder: pick another"
+        )
+
+
 def main(args: argparse.Namespace) -> int:
     import torch
 
@@ -173,6 +193,7 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         check_run_out_dir(args.out, REPORTS_DIR)
+        check_no_record(args.out)
     except ValueError as e:  # before the build and the run, so that a bad --out costs neither
         print(f"error: mma-peak: {e}", file=sys.stderr)
         return 2

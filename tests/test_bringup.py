@@ -511,6 +511,33 @@ def test_mma_peak_refuses_an_out_holding_a_run_before_building(held, tmp_path, m
     assert [p.name for p in out.iterdir()] == [held]
 
 
+def test_mma_peak_refuses_an_out_holding_its_record_but_reruns_in_a_bringup_folder(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """A folder holding mma-peak.json is refused before anything is built (the earlier record
+    kept); in a bring-up's folder (bringup.json beside it) the step runs again, as every step of
+    a bring-up rerun does."""
+    _fake_gpu(monkeypatch, tmp_path)
+    built = []
+
+    def no_build(arch):
+        built.append(arch)
+        raise mma_peak.MmaPeakError("stopped after the --out check")
+
+    monkeypatch.setattr(mma_peak, "build", no_build)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "mma-peak.json").write_text("an earlier record")
+    assert mma_peak.main(argparse.Namespace(matmul_tflops=1000.0, out=str(out))) == 2
+    assert f"error: mma-peak: --out {out} already holds mma-peak.json, which this run would replace" in (
+        capsys.readouterr().err
+    )
+    assert built == [] and (out / "mma-peak.json").read_text() == "an earlier record"
+    (out / "bringup.json").write_text("{}")
+    assert mma_peak.main(argparse.Namespace(matmul_tflops=1000.0, out=str(out))) == 1
+    assert len(built) == 1 and "stopped after the --out check" in capsys.readouterr().err
+
+
 def test_mma_peak_refuses_an_empty_out(tmp_path, monkeypatch, capsys) -> None:
     _fake_gpu(monkeypatch, tmp_path)
     monkeypatch.setattr(mma_peak, "build", lambda arch: pytest.fail("built although --out is empty"))
