@@ -19,9 +19,10 @@ At ``TritonAttnBackend.forward_extend`` for an MLA verify step SGLang holds:
 This kernel takes, per request, its prefix slots then its draft slots in one ``kv_indices``
 and the draft-to-draft visibility as packed bits (kernel/tree_mask.py).
 :func:`verify_metadata_from_sglang` builds those on the device (torch ops, and on a CUDA
-device a Triton kernel for the slot list): no ``.item()``, no host copy, every shape from host ints SGLang already has (batch size,
-``max_len_extend``, the number of draft tokens, and ``sum P`` when the backend knows it), so
-the conversion and the kernel call can be captured in a CUDA graph.
+device a Triton kernel for the slot list): no ``.item()``, no host copy, every shape from host
+ints SGLang already has (batch size, ``max_len_extend``, the number of draft tokens, and
+``sum P`` when the backend knows it), so the conversion and the kernel call can be captured in
+a CUDA graph.
 
 ``prefix_len_sum`` (``sum P``) sizes the converted ``kv_indices``. Pass it on eager calls only,
 or as a bound that every replay's ``sum P`` stays within: a CUDA graph freezes the size it had at
