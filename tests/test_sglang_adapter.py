@@ -1,7 +1,8 @@
 """kernel/sglang_adapter.py: SGLang's verify arguments converted for this kernel, and the drop-in.
 
-The conversion is pure torch and is checked on the CPU against kernel.tree_mask.pack_parents and
-the batch's own kv_indices. SGLang's arguments come from harness.impl_sglang.sglang_verify_args,
+The conversion (torch ops; on a GPU the slot list by a Triton kernel, run here in Triton's
+interpreter) is checked on the CPU against kernel.tree_mask.pack_parents and the batch's own
+kv_indices. SGLang's arguments come from harness.impl_sglang.sglang_verify_args,
 the same conversion the baseline uses, so these tests also tie the baseline's inputs to ours.
 The GPU tests run both kernels on the same SGLang-format batches.
 """
@@ -10,7 +11,11 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -285,11 +290,6 @@ def sglang_cases_with_graph_buffers(seeds: range) -> list[tuple[VerifyBatch, dic
 
 
 def run_slots_child(tmp_path, cases: list[dict], script: str = SLOTS_CHILD) -> list:
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     torch.save(cases, tmp_path / "cases.pt")
     child = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path / "cases.pt"), str(tmp_path / "out.pt")],
