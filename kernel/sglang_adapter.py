@@ -88,6 +88,7 @@ class VerifyMetadata:
 
     kv_indices: torch.Tensor  # [K] int32, K = prefix_len_sum (or SGLang's kv_indices.numel()) + N
     kv_indptr: torch.Tensor  # [B+1] int32, cumsum of P_b + T_b
+    qo_indptr: torch.Tensor  # [B+1] int32, SGLang's qo_indptr as this kernel takes it
     tree_mask: torch.Tensor  # [N * words_per_row(max_len_extend)] int32
     tree_mask_indptr: torch.Tensor  # [B+1] int32
 
@@ -103,10 +104,10 @@ def _words_to_int32(words: torch.Tensor) -> torch.Tensor:
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
-def _slots_by_triton(kv_indices: torch.Tensor) -> bool:
-    """The slot list by kernel/sglang_slots.py (work that follows the step's lengths) on a CUDA
-    device, or on the CPU under Triton's interpreter; by torch ops over the whole buffer elsewhere
-    (CPU and meta tensors), and wherever Triton is not installed."""
+def _by_triton(kv_indices: torch.Tensor) -> bool:
+    """The conversion by kernel/sglang_metadata.py (one launch, work that follows the step's
+    lengths) on a CUDA device, or on the CPU under Triton's interpreter; by torch ops over the
+    whole buffer elsewhere (CPU and meta tensors), and wherever Triton is not installed."""
     on_device = kv_indices.is_cuda or (
         kv_indices.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
     )
@@ -116,29 +117,6 @@ def _slots_by_triton(kv_indices: torch.Tensor) -> bool:
 @functools.cache
 def _have_triton() -> bool:
     return importlib.util.find_spec("triton") is not None
-
-
-def _merge_slots_torch(
-    kvp: torch.Tensor,
-    qo: torch.Tensor,
-    prefix_len: torch.Tensor,
-    ours_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    out_cache_loc: torch.Tensor,
-    k: int,
-) -> torch.Tensor:
-    """kernel/sglang_slots.py's list by torch ops: position j of the output is request b's
-    (j - ours_indptr[b])-th slot, from the prefix slots or out_cache_loc (concatenated, so one
-    gather serves both). Works over all k positions (the tail past the last request zero)."""
-    num_prefix_slots = kv_indices.numel()
-    j = torch.arange(k, device=kv_indices.device)
-    b = _request_of(ours_indptr, j)
-    r = j - ours_indptr[b]
-    in_prefix = r < prefix_len[b]
-    src = torch.where(in_prefix, kvp[b] + r, num_prefix_slots + qo[b] + r - prefix_len[b])
-    used = j < ours_indptr[-1]
-    sources = torch.cat([kv_indices.to(torch.int64), out_cache_loc.to(torch.int64)])
-    return torch.where(used, sources[torch.where(used, src, 0)], 0).to(torch.int32)
 
 
 def _check_indptr_shapes(qo_indptr: torch.Tensor, kv_indptr: torch.Tensor) -> None:
@@ -182,6 +160,7 @@ def verify_metadata_from_sglang(
         return VerifyMetadata(
             kv_indices=torch.zeros(k, dtype=torch.int32, device=device),
             kv_indptr=torch.zeros(1, dtype=torch.int32, device=device),
+            qo_indptr=torch.zeros(1, dtype=torch.int32, device=device),
             tree_mask=torch.zeros(0, dtype=torch.int32, device=device),
             tree_mask_indptr=torch.zeros(1, dtype=torch.int32, device=device),
         )
@@ -190,18 +169,71 @@ def verify_metadata_from_sglang(
         raise ValueError(
             f"mask_indptr must be [B+1] = {tuple(qo_indptr.shape)} with a custom_mask, got {got}"
         )
+    if _by_triton(kv_indices):
+        from .sglang_metadata import convert
+
+        got = convert(
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            out_cache_loc,
+            custom_mask,
+            mask_indptr,
+            words_per_row(max_len_extend),
+            is_causal,
+            k,
+        )
+        return VerifyMetadata(
+            kv_indices=got.kv_indices,
+            kv_indptr=got.kv_indptr,
+            qo_indptr=got.qo_indptr,
+            tree_mask=got.tree_mask,
+            tree_mask_indptr=got.tree_mask_indptr,
+        )
+    return _convert_torch(
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        out_cache_loc,
+        custom_mask,
+        mask_indptr,
+        max_len_extend,
+        is_causal,
+        k,
+    )
+
+
+def _convert_torch(
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    custom_mask: torch.Tensor | None,
+    mask_indptr: torch.Tensor | None,
+    max_len_extend: int,
+    is_causal: bool,
+    k: int,
+) -> VerifyMetadata:
+    """kernel/sglang_metadata.py's conversion by torch ops, over all k positions of the slot list
+    (its tail past the last request zero, as the tree mask's)."""
+    device = qo_indptr.device
+    n = out_cache_loc.numel()
     qo = qo_indptr.to(torch.int64)
     kvp = kv_indptr.to(torch.int64)
     num_draft = qo[1:] - qo[:-1]
     prefix_len = kvp[1:] - kvp[:-1]
     ours_indptr = kvp + qo
 
-    if _slots_by_triton(kv_indices):
-        from .sglang_slots import merge_slots
-
-        ours_kv_indices = merge_slots(kv_indptr, qo_indptr, kv_indices, out_cache_loc, k)
-    else:
-        ours_kv_indices = _merge_slots_torch(kvp, qo, prefix_len, ours_indptr, kv_indices, out_cache_loc, k)
+    # kv_indices: position j of the output is request b's (j - ours_indptr[b])-th slot, from the
+    # prefix slots or out_cache_loc (concatenated, so one gather serves both).
+    j = torch.arange(k, device=device)
+    b = _request_of(ours_indptr, j)
+    r = j - ours_indptr[b]
+    in_prefix = r < prefix_len[b]
+    src = torch.where(in_prefix, kvp[b] + r, kv_indices.numel() + qo[b] + r - prefix_len[b])
+    used = j < ours_indptr[-1]
+    sources = torch.cat([kv_indices.to(torch.int64), out_cache_loc.to(torch.int64)])
+    ours_kv_indices = torch.where(used, sources[torch.where(used, src, 0)], 0).to(torch.int32)
 
     # Tree mask: row i of request b packs draft columns [0, T_b) into words_per_row(T_b) words.
     w_max = words_per_row(max_len_extend)
@@ -236,6 +268,7 @@ def verify_metadata_from_sglang(
     return VerifyMetadata(
         kv_indices=ours_kv_indices,
         kv_indptr=ours_indptr.to(torch.int32),
+        qo_indptr=qo_indptr.to(torch.int32),
         tree_mask=tree_mask[: n * w_max],
         tree_mask_indptr=mask_indptr_ours.to(torch.int32),
     )
@@ -346,7 +379,7 @@ def extend_attention_fwd(
         q_extend,
         k_buffer,
         kv_ours,
-        qo_indptr.to(torch.int32),
+        meta.qo_indptr,
         meta.kv_indptr,
         mask_ours,
         meta.tree_mask_indptr,

@@ -247,31 +247,35 @@ def test_the_v_buffer_message_says_which_half_is_wrong() -> None:
     assert "width" not in str(e.value)
 
 
-# The slot list by kernel/sglang_slots.py (Triton), against the torch conversion above. On the
-# CPU it runs in Triton's interpreter, in a child process: triton reads TRITON_INTERPRET when a
-# kernel is decorated (tests/test_sglang_baseline.py says why it must not be set here).
+# The conversion by kernel/sglang_metadata.py (Triton), against the torch conversion above. On
+# the CPU it runs in Triton's interpreter, in a child process: triton reads TRITON_INTERPRET when
+# a kernel is decorated (tests/test_sglang_baseline.py says why it must not be set here).
 
-SLOTS_CHILD = """
+CONVERT_CHILD = """
 import sys, torch
 import kernel.sglang_adapter as adapter
 cases = torch.load(sys.argv[1], weights_only=True)
 results = []
 for case in cases:
     got = adapter.verify_metadata_from_sglang(**case)
-    results.append({"kv_indices": got.kv_indices, "kv_indptr": got.kv_indptr,
-                    "by_triton": adapter._slots_by_triton(case["kv_indices"])})
-results.append("kernel.sglang_slots" in sys.modules)
+    results.append({name: getattr(got, name) for name in
+                    ("kv_indices", "kv_indptr", "qo_indptr", "tree_mask", "tree_mask_indptr")})
+    results[-1]["by_triton"] = adapter._by_triton(case["kv_indices"])
+results.append("kernel.sglang_metadata" in sys.modules)
 torch.save(results, sys.argv[2])
 """
+
+FIELDS = ("kv_indices", "kv_indptr", "qo_indptr", "tree_mask", "tree_mask_indptr")
 
 
 def sglang_cases_with_graph_buffers(seeds: range) -> list[tuple[VerifyBatch, dict]]:
     """SGLang's metadata as its CUDA-graph mode holds it: kv_indices over-allocated (a tail of
-    slots that must never be copied), qo_indptr int64; half of them with prefix_len_sum."""
+    slots that must never be copied), qo_indptr int64, custom_mask uint8; some with
+    prefix_len_sum, a max_len_extend above the largest draft, no custom_mask, is_causal off."""
     cases = []
     for seed in seeds:
         rng = random.Random(seed)
-        batch = random_batch(rng, max_prefix=2000)
+        batch = random_batch(rng, max_prefix=2000, draft_sizes=(1, 4, 16, 33, 64))
         args = sglang_verify_args(batch)
         spare = torch.full((rng.randint(0, 3000),), 10**9, dtype=torch.int64)
         case = {
@@ -279,17 +283,20 @@ def sglang_cases_with_graph_buffers(seeds: range) -> list[tuple[VerifyBatch, dic
             "kv_indptr": args.kv_indptr,
             "kv_indices": torch.cat([args.kv_indices, spare]),
             "out_cache_loc": args.out_cache_loc,
-            "custom_mask": args.custom_mask,
+            "custom_mask": args.custom_mask.to(torch.uint8) if seed % 3 else args.custom_mask,
             "mask_indptr": args.mask_indptr,
-            "max_len_extend": args.max_len_extend,
+            "max_len_extend": args.max_len_extend + (rng.choice((0, 0, 40)) if seed % 5 else 0),
+            "is_causal": seed % 7 != 3,
         }
         if seed % 2:
             case["prefix_len_sum"] = sum(batch.prefix_lens)
+        if seed % 4 == 3:
+            case["custom_mask"] = case["mask_indptr"] = None
         cases.append((batch, case))
     return cases
 
 
-def run_slots_child(tmp_path, cases: list[dict], script: str = SLOTS_CHILD) -> list:
+def run_child(tmp_path, cases: list[dict], script: str = CONVERT_CHILD) -> list:
     torch.save(cases, tmp_path / "cases.pt")
     child = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path / "cases.pt"), str(tmp_path / "out.pt")],
@@ -303,95 +310,121 @@ def run_slots_child(tmp_path, cases: list[dict], script: str = SLOTS_CHILD) -> l
     return torch.load(tmp_path / "out.pt", weights_only=True)
 
 
-def test_triton_slot_list_equals_the_batch_and_the_torch_conversion_in_the_interpreter(tmp_path) -> None:
-    pairs = sglang_cases_with_graph_buffers(range(24))
-    results = run_slots_child(tmp_path, [case for _, case in pairs])
-    assert results.pop() is True, "the child never imported kernel.sglang_slots"
-    for (batch, case), got in zip(pairs, results, strict=True):
+def assert_same_metadata(got, ref, batch: VerifyBatch | None, where: str) -> None:
+    """Everything the kernel reads equal: the indptrs, and the slots and mask words they address
+    (the tails past them may differ: unwritten by the Triton kernel, zero by torch)."""
+    for name in ("kv_indptr", "qo_indptr", "tree_mask_indptr"):
+        assert torch.equal(got[name].cpu(), getattr(ref, name).cpu()), f"{where}: {name}"
+    end, words = int(ref.kv_indptr[-1]), int(ref.tree_mask_indptr[-1])
+    assert got["kv_indices"].shape == ref.kv_indices.shape and got["tree_mask"].shape == ref.tree_mask.shape
+    assert torch.equal(got["kv_indices"][:end].cpu(), ref.kv_indices[:end].cpu()), f"{where}: kv_indices"
+    assert torch.equal(got["tree_mask"][:words].cpu(), ref.tree_mask[:words].cpu()), f"{where}: tree_mask"
+    if batch is not None:
+        assert torch.equal(got["kv_indices"][:end].cpu(), batch.kv_indices.cpu()), (
+            f"{where}: the batch's slots"
+        )
+
+
+def test_triton_conversion_equals_the_batch_and_the_torch_conversion_in_the_interpreter(tmp_path) -> None:
+    pairs = sglang_cases_with_graph_buffers(range(28))
+    assert {c["custom_mask"] is None for _, c in pairs} == {True, False}
+    assert {c["is_causal"] for _, c in pairs} == {True, False}
+    results = run_child(tmp_path, [case for _, case in pairs])
+    assert results.pop() is True, "the child never imported kernel.sglang_metadata"
+    for seed, ((batch, case), got) in enumerate(zip(pairs, results, strict=True)):
         assert got["by_triton"]
-        end = int(batch.kv_indptr[-1])
-        assert torch.equal(got["kv_indices"][:end], batch.kv_indices)
-        assert torch.equal(got["kv_indptr"], batch.kv_indptr)
-        # the torch conversion of the same metadata agrees on everything the kernel reads
-        ref = verify_metadata_from_sglang(**case)
-        assert got["kv_indices"].shape == ref.kv_indices.shape
-        assert torch.equal(got["kv_indices"][:end], ref.kv_indices[:end])
+        assert_same_metadata(got, verify_metadata_from_sglang(**case), batch, f"seed {seed}")
+        if case["custom_mask"] is not None and case["is_causal"]:
+            tree_mask, tree_mask_indptr = pack_parents(batch.parents)
+            assert torch.equal(got["tree_mask_indptr"], tree_mask_indptr)
+            assert torch.equal(got["tree_mask"][: int(tree_mask_indptr[-1])], tree_mask)
 
 
-def test_the_slot_list_path_follows_the_device_the_interpreter_and_triton(monkeypatch) -> None:
+def test_the_conversion_path_follows_the_device_the_interpreter_and_triton(monkeypatch) -> None:
     cpu = torch.zeros(3, dtype=torch.int64)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert not sglang_adapter._slots_by_triton(cpu)
-    assert not sglang_adapter._slots_by_triton(cpu.to("meta"))
+    assert not sglang_adapter._by_triton(cpu)
+    assert not sglang_adapter._by_triton(cpu.to("meta"))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert sglang_adapter._slots_by_triton(cpu) == sglang_adapter._have_triton()
+    assert sglang_adapter._by_triton(cpu) == sglang_adapter._have_triton()
     monkeypatch.setattr(sglang_adapter, "_have_triton", lambda: False)
-    assert not sglang_adapter._slots_by_triton(cpu)
+    assert not sglang_adapter._by_triton(cpu)
 
 
-MERGE_CHILD = """
+BOUNDS_CHILD = """
 import sys, torch
-from kernel.sglang_slots import merge_slots
+from kernel.sglang_metadata import convert
 calls = torch.load(sys.argv[1], weights_only=True)
+outs = []
 for call in calls:
-    merge_slots(call["kv_indptr"], call["qo_indptr"], call["kv_indices"], call["out_cache_loc"],
-                call["out_len"], out=call["out"])
-torch.save([call["out"] for call in calls], sys.argv[2])
+    got = convert(**call)
+    outs.append({"kv_indices": call["out_kv_indices"], "tree_mask": got.tree_mask})
+torch.save(outs, sys.argv[2])
 """
 
 SENTINEL = 777_777
 
 
-def test_triton_slot_list_stays_in_its_buffers_when_sglang_breaks_a_precondition(tmp_path) -> None:
-    """kv_indices shorter than kv_indptr addresses, out_cache_loc shorter than qo_indptr's, and an
-    output shorter than the step's slots (a prefix_len_sum below the sum): every buffer is a view
-    of a longer one whose tail holds a sentinel, so a load past an end would copy it and a store
-    past out_len would overwrite it. Slots both buffers hold are right; the rest read 0."""
-    ((batch, case),) = sglang_cases_with_graph_buffers(range(103, 104))  # 8 requests, 5209 + 80 slots
+def test_triton_conversion_stays_in_its_buffers_when_sglang_breaks_a_precondition(tmp_path) -> None:
+    """kv_indices shorter than kv_indptr addresses, out_cache_loc shorter than qo_indptr's,
+    custom_mask shorter than mask_indptr's blocks, an output shorter than the step's slots (a
+    prefix_len_sum below the sum), and a max_len_extend below the drafts (fewer mask words than
+    the rows need): every input is a view of a longer buffer whose tail holds a sentinel (1 in
+    the mask), so a load past an end would copy it, and the slot output is a view whose tail a
+    store past out_len would overwrite. Slots both buffers hold are right; the rest read 0."""
+    ((batch, case),) = sglang_cases_with_graph_buffers(range(103, 104))  # 8 requests
     prefix_sum, n = sum(batch.prefix_lens), batch.q.shape[0]
-    assert prefix_sum > 40 and n > 2, "the case needs prefix and draft slots to cut"
+    assert prefix_sum > 40 and n > 2 and max(batch.num_draft) > 32, "the case needs slots and words to cut"
 
-    def view_of_longer(t: torch.Tensor, keep: int) -> torch.Tensor:
-        longer = torch.cat([t[:keep], torch.full((64,), SENTINEL, dtype=t.dtype)])
-        return longer[:keep]
+    def view_of_longer(t: torch.Tensor, keep: int, sentinel: int) -> torch.Tensor:
+        return torch.cat([t[:keep], torch.full((64,), sentinel, dtype=t.dtype)])[:keep]
 
-    kv_indices = view_of_longer(case["kv_indices"], prefix_sum // 2)
-    out_cache_loc = view_of_longer(case["out_cache_loc"], n // 2)
+    kv_indices = view_of_longer(case["kv_indices"], prefix_sum // 2, SENTINEL)
+    out_cache_loc = view_of_longer(case["out_cache_loc"], n // 2, SENTINEL)
+    custom_mask = view_of_longer(torch.zeros(0, dtype=torch.uint8), 0, 1)
     out_len = (prefix_sum + n) * 2 // 3
     out = torch.full((out_len + 64,), -SENTINEL, dtype=torch.int32)
     call = {
-        "kv_indptr": case["kv_indptr"],
         "qo_indptr": case["qo_indptr"],
+        "kv_indptr": case["kv_indptr"],
         "kv_indices": kv_indices,
         "out_cache_loc": out_cache_loc,
+        "custom_mask": custom_mask,
+        "mask_indptr": torch.zeros_like(case["qo_indptr"]),  # every block at 0, past the empty mask
+        "words_max": 1,  # max_len_extend 32 against drafts of up to 64
+        "is_causal": False,
         "out_len": out_len,
-        "out": out,
+        "out_kv_indices": out,
     }
-    (got,) = run_slots_child(tmp_path, [call], MERGE_CHILD)
-    assert not (got == SENTINEL).any(), "a load read past its buffer's end"
-    assert (got[out_len:] == -SENTINEL).all(), "a store wrote past out_len"
+    (got,) = run_child(tmp_path, [call], BOUNDS_CHILD)
+    slots = got["kv_indices"]
+    assert not (slots == SENTINEL).any(), "a slot load read past its buffer's end"
+    assert (slots[out_len:] == -SENTINEL).all(), "a store wrote past out_len"
+    words = got["tree_mask"]
+    assert words.numel() == n // 2, "one word for each of out_cache_loc's entries"
+    # The rows' first words (words_max = 1) where the buffer holds them: all 0, the mask's bytes
+    # past its (empty) end never read. The rows need more words than the buffer holds.
+    written, word0 = [], 0
+    for t in batch.num_draft:
+        written += [word0 + i * ((t + 31) // 32) for i in range(t)]
+        word0 += t * ((t + 31) // 32)
+    assert word0 > words.numel() and max(written) >= words.numel()
+    inside = [w for w in written if w < words.numel()]
+    assert len(inside) > 10 and not words[inside].any(), "a mask load read past custom_mask's end"
     # What the full buffers would give, position by position, where the cut buffers hold it.
-    full = _merge_reference(case, prefix_sum + n)
+    full = sglang_adapter._convert_torch(
+        case["qo_indptr"], case["kv_indptr"], case["kv_indices"], case["out_cache_loc"], None, None, 32, False,
+        prefix_sum + n,
+    ).kv_indices  # fmt: skip
     kvp, qo = case["kv_indptr"].tolist(), case["qo_indptr"].tolist()
     for b in range(len(kvp) - 1):
-        for r in range(kvp[b + 1] - kvp[b] + qo[b + 1] - qo[b]):
+        prefix = kvp[b + 1] - kvp[b]
+        for r in range(prefix + qo[b + 1] - qo[b]):
             dst = kvp[b] + qo[b] + r
             if dst >= out_len:
                 continue
-            src_in_prefix = r < kvp[b + 1] - kvp[b]
-            held = (
-                kvp[b] + r < kv_indices.numel()
-                if src_in_prefix
-                else qo[b] + r - (kvp[b + 1] - kvp[b]) < n // 2
-            )
-            assert int(got[dst]) == (int(full[dst]) if held else 0), (b, r)
-
-
-def _merge_reference(case: dict, k: int) -> torch.Tensor:
-    qo, kvp = case["qo_indptr"].to(torch.int64), case["kv_indptr"].to(torch.int64)
-    return sglang_adapter._merge_slots_torch(
-        kvp, qo, kvp[1:] - kvp[:-1], kvp + qo, case["kv_indices"], case["out_cache_loc"], k
-    )
+            held = kvp[b] + r < kv_indices.numel() if r < prefix else qo[b] + r - prefix < n // 2
+            assert int(slots[dst]) == (int(full[dst]) if held else 0), (b, r)
 
 
 # GPU: both kernels on SGLang-format batches.
@@ -470,16 +503,16 @@ def test_adapter_call_syncs_nothing_and_replays_from_a_cuda_graph() -> None:
 
 
 @pytest.mark.gpu
-def test_triton_slot_list_equals_the_torch_conversion_on_the_gpu() -> None:
-    for batch, case in sglang_cases_with_graph_buffers(range(200, 216)):
+def test_triton_conversion_equals_the_torch_conversion_on_the_gpu() -> None:
+    for seed, (batch, case) in enumerate(sglang_cases_with_graph_buffers(range(200, 224))):
         cuda = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.items()}
-        assert sglang_adapter._slots_by_triton(cuda["kv_indices"])
+        assert sglang_adapter._by_triton(cuda["kv_indices"])
         got = verify_metadata_from_sglang(**cuda)
-        end = int(batch.kv_indptr[-1])
-        assert torch.equal(got.kv_indices[:end].cpu(), batch.kv_indices)
-        assert torch.equal(got.kv_indptr.cpu(), batch.kv_indptr)
-        ref = _merge_reference(cuda, got.kv_indices.numel())
-        assert torch.equal(got.kv_indices[:end], ref[:end])
+        ref = sglang_adapter._convert_torch(
+            cuda["qo_indptr"], cuda["kv_indptr"], cuda["kv_indices"], cuda["out_cache_loc"], cuda["custom_mask"],
+            cuda["mask_indptr"], cuda["max_len_extend"], cuda["is_causal"], got.kv_indices.numel(),
+        )  # fmt: skip
+        assert_same_metadata({f: getattr(got, f) for f in FIELDS}, ref, batch, f"seed {seed}")
 
 
 def _batch_in_pool(pool: torch.Tensor, prefix_lens, num_draft: int, num_heads: int, seed: int) -> VerifyBatch:
@@ -609,7 +642,7 @@ def test_metadata_built_once_is_used_as_given_and_nothing_is_converted(
     for _ in range(3):  # three layers of one step
         seen.clear()
         extend_attention_fwd(*args.kernel_kwargs(o).values(), out_cache_loc=args.out_cache_loc, metadata=meta)
-        kv_indices, kv_indptr, tree_mask, tree_mask_indptr = (seen["args"][i] for i in (2, 4, 5, 6))
-        assert kv_indices is meta.kv_indices and kv_indptr is meta.kv_indptr
+        kv_indices, qo_indptr, kv_indptr, tree_mask, tree_mask_indptr = (seen["args"][i] for i in range(2, 7))
+        assert kv_indices is meta.kv_indices and kv_indptr is meta.kv_indptr and qo_indptr is meta.qo_indptr
         assert tree_mask is meta.tree_mask and tree_mask_indptr is meta.tree_mask_indptr
         assert seen["kwargs"]["out"] is o
