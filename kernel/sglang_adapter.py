@@ -18,8 +18,8 @@ At ``TritonAttnBackend.forward_extend`` for an MLA verify step SGLang holds:
 
 This kernel takes, per request, its prefix slots then its draft slots in one ``kv_indices``
 and the draft-to-draft visibility as packed bits (kernel/tree_mask.py).
-:func:`verify_metadata_from_sglang` builds those on the device (torch ops, and on a CUDA
-device a Triton kernel for the slot list): no ``.item()``, no host copy, every shape from host
+:func:`verify_metadata_from_sglang` builds those on the device (one Triton launch on a CUDA
+device, torch ops elsewhere): no ``.item()``, no host copy, every shape from host
 ints SGLang already has (batch size, ``max_len_extend``, the number of draft tokens, and
 ``sum P`` when the backend knows it), so the conversion and the kernel call can be captured in
 a CUDA graph.
@@ -30,22 +30,22 @@ capture (SGLang captures with placeholder lengths), and a replay with longer pre
 address past the converted list. Without it the conversion spans SGLang's own ``kv_indices``
 buffer, which a graph's replays all fit.
 
-**Cost.** SGLang keeps the prefix slots and the draft tokens' slots apart; this kernel reads one
-list. On a CUDA device one Triton kernel (kernel/sglang_slots.py) builds it, its work the step's
-``sum P + N`` slots whatever the length of SGLang's ``kv_indices`` buffer, its memory its output
-(int32, that length + N). That length is ``sum P`` eager, and in SGLang's CUDA-graph mode one
-buffer of ``max_num_tokens * max_context_len`` entries (sglang 0.5.23,
+**Cost.** SGLang keeps the prefix slots and the draft tokens' slots apart, and its tree as a
+byte mask; this kernel reads one slot list and packed bits. On a CUDA device one Triton launch
+(kernel/sglang_metadata.py) builds all of it, its work the step's ``sum P + N`` slots and ``N``
+mask rows whatever the length of SGLang's ``kv_indices`` buffer, its memory its outputs (the
+slot list int32, that length + N). That length is ``sum P`` eager, and in SGLang's CUDA-graph
+mode one buffer of ``max_num_tokens * max_context_len`` entries (sglang 0.5.23,
 ``TritonAttnBackend.init_cuda_graph_state``): ~21M for 32 x 4 draft tokens at DeepSeek-V3's
-163840 context, so an 84 MB list. Measured on an H200 at that size (reports/README.md, the
-adapter's runs): the whole conversion 0.13 ms eager and 0.10 ms in a graph, as at any length,
-most of it the tree mask's small torch ops; torch ops over the whole buffer (still the path for
-CPU and meta tensors) took 2.3 ms and 1.2 GB. The kernel's call costs the same with the long
-list as with an exact one (its L2 prefetch stops at ``kv_indptr[B]``, kernel/NOTES.md v77). The
-list must stay within the kernel's 2^30 bound: ``max_num_tokens * max_context_len + N`` up to
-~6,500 tokens at a 163840 context. The conversion is the same for every layer of a step: build
-it once per forward with :func:`verify_metadata_from_sglang` and pass it as ``metadata=`` to
-each layer's call. A kernel that read SGLang's two slot lists as they are would save the list
-and its 0.1 ms; it is not built.
+163840 context, so an 84 MB list. Measured on an H200 (reports/README.md, the adapter's runs):
+the conversion 6-8 us eager or in a graph, at any buffer length; torch ops over the whole buffer
+(still the path for CPU and meta tensors) took 2.3 ms and 1.2 GB at 21M, and 0.15-0.2 ms at an
+exact length. The kernel's call costs the same with the long list as with an exact one (its L2
+prefetch stops at ``kv_indptr[B]``, kernel/NOTES.md v77). The list must stay within the kernel's
+2^30 bound: ``max_num_tokens * max_context_len + N`` up to ~6,500 tokens at a 163840 context. The
+conversion is the same for every layer of a step: build it once per forward with
+:func:`verify_metadata_from_sglang` and pass it as ``metadata=`` to each layer's call. A kernel
+that read SGLang's two slot lists as they are would save the list's memory; it is not built.
 
 The prefix columns of ``custom_mask`` are not read: every draft token sees its whole prefix, as
 in SGLang's own kernel (its ``skip_prefix_custom_mask`` defaults to True, and SGLang may leave
