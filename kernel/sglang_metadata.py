@@ -37,7 +37,12 @@ BLOCK = 1024
 MAX_PROGRAMS = 1024
 
 
-@triton.jit
+# The sizes change from step to step in eager serving: not specialised on (Triton would compile a
+# variant for each size that is 1, or a multiple of 16, or neither), so the first steps compile
+# once per (words, mask, causal) combination only.
+@triton.jit(
+    do_not_specialize=["num_prefix_slots", "num_draft", "out_len", "custom_mask_len", "tree_mask_len"]
+)
 def _convert(
     kv_indptr,  # [B+1] the prefixes' indptr (SGLang's)
     qo_indptr,  # [B+1] the draft tokens' indptr
