@@ -636,19 +636,25 @@ def test_an_interrupted_sharded_run_removes_its_workers_partial_files(
     grid_file: Path, run_temp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each worker writes a complete-looking results.json and keeps running; Ctrl-C (SIGINT to
-    this process) comes once both have started."""
+    this process) comes once both have started. SIGINT is set to its default for the test: a
+    test process started as a background job inherits it ignored, and the run would then wait
+    for its workers instead of being interrupted."""
     worker = "import pathlib, sys, time; p = pathlib.Path(sys.argv[1]); p.mkdir(); (p / 'results.json').write_text('{}'); time.sleep(60)"
     timers: list[threading.Timer] = []
 
     def command(args, k, n, out):
-        if k == n - 1:
+        if k == n - 1 and not timers:  # once: a failed run builds each worker's command again
             timers.append(threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)))
             timers[0].start()
         return [sys.executable, "-c", worker, str(out)]
 
     monkeypatch.setattr(shard, "worker_command", command)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     start = time.monotonic()
-    code, err = _stderr_of(monkeypatch, lambda: cli_main(_args(grid_file, tmp_path / "run", "--gpus", "2")))
+    try:
+        code, err = _stderr_of(monkeypatch, lambda: cli_main(_args(grid_file, tmp_path / "run", "--gpus", "2")))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     timers[0].join()
     assert code == 130 and time.monotonic() - start < 30
     assert "interrupted" in err
