@@ -652,7 +652,9 @@ def test_an_interrupted_sharded_run_removes_its_workers_partial_files(
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     start = time.monotonic()
     try:
-        code, err = _stderr_of(monkeypatch, lambda: cli_main(_args(grid_file, tmp_path / "run", "--gpus", "2")))
+        code, err = _stderr_of(
+            monkeypatch, lambda: cli_main(_args(grid_file, tmp_path / "run", "--gpus", "2"))
+        )
     finally:
         signal.signal(signal.SIGINT, previous)
     timers[0].join()
