@@ -55,7 +55,8 @@ In SGLang's graph buffers ``qo_indptr`` is int64 and ``custom_mask`` an over-all
 buffer; both are taken as they come.
 
 Preconditions, as in SGLang's own kernel: ``max_len_extend`` is at least every request's number
-of draft tokens, and ``kv_indices`` holds ``kv_indptr[B]`` slots. Calls in hot loops are not
+of draft tokens, ``kv_indices`` holds ``kv_indptr[B]`` slots, and ``mask_indptr`` lays out each
+request's ``T_b x (P_b + T_b)`` block back to back from the start of ``custom_mask``. Calls in hot loops are not
 checked against them (that needs the device's data on the host); ``extend_attention_fwd(...,
 validate=True)`` checks them, and every check ``verify_attention`` makes, on an eager call.
 """
@@ -119,6 +120,53 @@ def _have_triton() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+_INDEX_DTYPES = (torch.int32, torch.int64)
+_MASK_DTYPES = (torch.bool, torch.uint8)
+
+
+def _check_sglang_types(
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    out_cache_loc: torch.Tensor | None,
+    custom_mask: torch.Tensor | None,
+    mask_indptr: torch.Tensor | None,
+    max_len_extend: int,
+    prefix_len_sum: int | None,
+) -> None:
+    """What the conversion takes, from the tensors' dtypes and ranks and the host ints only (no
+    data read: it runs under CUDA-graph capture too); raises naming the argument."""
+    tensors = {"qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "kv_indices": kv_indices}
+    tensors |= {
+        name: t
+        for name, t in (("out_cache_loc", out_cache_loc), ("mask_indptr", mask_indptr))
+        if t is not None
+    }
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype not in _INDEX_DTYPES:
+            got = f"{t.dtype} of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a 1-D int32 or int64 tensor, got {got}")
+    if custom_mask is not None and (
+        not isinstance(custom_mask, torch.Tensor)
+        or custom_mask.dim() != 1
+        or custom_mask.dtype not in _MASK_DTYPES
+    ):
+        got = (
+            f"{custom_mask.dtype} of shape {tuple(custom_mask.shape)}"
+            if isinstance(custom_mask, torch.Tensor)
+            else type(custom_mask).__name__
+        )
+        raise ValueError(f"custom_mask must be None or a 1-D bool or uint8 tensor, got {got}")
+    for name, value, optional in (
+        ("max_len_extend", max_len_extend, False),
+        ("prefix_len_sum", prefix_len_sum, True),
+    ):
+        if (value is None and not optional) or (
+            value is not None and (isinstance(value, bool) or not isinstance(value, int))
+        ):
+            raise ValueError(f"{name} must be an int{' or None' if optional else ''}, got {value!r}")
+
+
 def _check_indptr_shapes(qo_indptr: torch.Tensor, kv_indptr: torch.Tensor) -> None:
     if qo_indptr.dim() != 1 or qo_indptr.numel() < 1 or kv_indptr.shape != qo_indptr.shape:
         raise ValueError(
@@ -144,6 +192,16 @@ def verify_metadata_from_sglang(
     precede their children; SGLang's own kernel bounds columns per tile of rows instead, which
     agrees for such masks only). Without one, ``is_causal`` gives a chain, else full visibility.
     """
+    _check_sglang_types(
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        out_cache_loc,
+        custom_mask,
+        mask_indptr,
+        max_len_extend,
+        prefix_len_sum,
+    )
     device = qo_indptr.device
     n = out_cache_loc.numel()
     if max_len_extend < 1:
@@ -358,7 +416,15 @@ def extend_attention_fwd(
             f"out_cache_loc has {out_cache_loc.numel()} slots but q_extend has {q_extend.shape[0]} draft tokens"
         )
     if validate:
-        check_sglang_metadata(qo_indptr, kv_indptr, kv_indices, max_len_extend, prefix_len_sum)
+        check_sglang_metadata(
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            max_len_extend,
+            prefix_len_sum,
+            custom_mask=custom_mask,
+            mask_indptr=mask_indptr,
+        )
     meta = metadata or verify_metadata_from_sglang(
         qo_indptr,
         kv_indptr,
@@ -398,12 +464,28 @@ def check_sglang_metadata(
     kv_indices: torch.Tensor,
     max_len_extend: int,
     prefix_len_sum: int | None = None,
+    *,
+    custom_mask: torch.Tensor | None = None,
+    mask_indptr: torch.Tensor | None = None,
 ) -> None:
     """The adapter's preconditions on SGLang's metadata (module docstring), checked on the host:
     raises ValueError naming the argument. Copies the indptrs to the host (a sync), so it refuses
-    to run while a CUDA graph is being captured."""
+    to run while a CUDA graph is being captured. With ``custom_mask``, ``mask_indptr`` must lay
+    out request b's ``T_b x (P_b + T_b)`` block as SGLang does: blocks back to back, inside
+    ``custom_mask`` (a block elsewhere would hand the kernel another request's tree, or stale
+    bytes of an over-allocated buffer, and nothing downstream could tell)."""
     if qo_indptr.is_cuda and torch.cuda.is_current_stream_capturing():
         raise ValueError("validate=True reads the metadata on the host: not while a CUDA graph is captured")
+    _check_sglang_types(
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        None,  # out_cache_loc: the conversion checks it, and the kernel's validation its slots
+        custom_mask,
+        mask_indptr,
+        max_len_extend,
+        prefix_len_sum,
+    )
     _check_indptr_shapes(qo_indptr, kv_indptr)
     qo, kvp = qo_indptr.cpu().to(torch.int64), kv_indptr.cpu().to(torch.int64)
     for name, ptr in (("qo_indptr", qo), ("kv_indptr", kvp)):
@@ -424,4 +506,27 @@ def check_sglang_metadata(
         raise ValueError(
             f"prefix_len_sum = {prefix_len_sum} but kv_indptr addresses {int(kvp[-1])} prefix slots: "
             "it must be their sum (or a bound above it)"
+        )
+    if custom_mask is None:
+        return
+    if mask_indptr is None or mask_indptr.shape != qo_indptr.shape:
+        got = None if mask_indptr is None else tuple(mask_indptr.shape)
+        raise ValueError(
+            f"mask_indptr must be [B+1] = {tuple(qo_indptr.shape)} with a custom_mask, got {got}"
+        )
+    mp = mask_indptr.cpu().to(torch.int64)
+    sizes = num_draft * (kvp[1:] - kvp[:-1] + num_draft)
+    if int(mp[0]) != 0:
+        raise ValueError(f"mask_indptr[0] = {int(mp[0])}; expected 0 (SGLang's first block starts the mask)")
+    wrong = torch.nonzero((mp[1:] - mp[:-1]) != sizes).flatten()
+    if wrong.numel():
+        b = int(wrong[0])
+        raise ValueError(
+            f"mask_indptr[{b + 1}] - mask_indptr[{b}] = {int(mp[b + 1] - mp[b])}, expected request {b}'s "
+            f"T * (P + T) = {int(num_draft[b])} * ({int(kvp[b + 1] - kvp[b])} + {int(num_draft[b])}) = {int(sizes[b])} "
+            "(qo_indptr, kv_indptr): SGLang lays the blocks back to back"
+        )
+    if int(mp[-1]) > custom_mask.numel():
+        raise ValueError(
+            f"mask_indptr[-1] = {int(mp[-1])} is past the end of custom_mask ({custom_mask.numel()} entries)"
         )

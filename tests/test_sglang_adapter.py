@@ -22,7 +22,7 @@ import torch
 
 from harness.batch import QK_DIM, V_DIM, VerifyBatch
 from harness.impl_sglang import SglangVerifyArgs, sglang_verify_args
-from harness.tree import chain, random_tree
+from harness.tree import chain, custom_mask_from_parents, random_tree
 from kernel import sglang_adapter
 from kernel.sglang_adapter import check_sglang_metadata, extend_attention_fwd, verify_metadata_from_sglang
 from kernel.tree_mask import pack_parents, pack_visibility, words_per_row
@@ -226,6 +226,88 @@ def test_check_sglang_metadata_names_each_broken_precondition() -> None:
         check_sglang_metadata(args.qo_indptr.flip(0), *ok[1:])
     with pytest.raises(ValueError, match=r"qo_indptr and kv_indptr must both be \[B\+1\]"):
         check_sglang_metadata(args.qo_indptr, args.kv_indptr[:-1], *ok[2:])
+
+
+def test_check_sglang_metadata_names_a_mask_indptr_that_moves_a_block() -> None:
+    """A mask_indptr off SGLang's layout hands the conversion another block of bytes: with a tree
+    whose diagonal survives the shift, nothing downstream can tell (the kernel's validation reads
+    only the diagonal), so the adapter's own validation must name it."""
+    parents, prefix = (-1, 0, 0, 1), 3
+    mask, mask_indptr = custom_mask_from_parents([parents], [prefix])
+    stale = custom_mask_from_parents([(-1, 0, 1, 2)], [prefix])[0]  # an earlier step's chain
+    buffer = torch.cat([mask, stale])  # over-allocated, as SGLang's graph buffers are
+    qo, kvp = torch.tensor([0, 4], dtype=torch.int32), torch.tensor([0, prefix], dtype=torch.int32)
+    kv_indices, out_cache_loc = torch.arange(prefix), torch.arange(100, 104)
+    moved = mask_indptr + mask.numel()  # the stale chain's block instead
+    got = verify_metadata_from_sglang(qo, kvp, kv_indices, out_cache_loc, buffer, moved, 4)
+    wrong, right = got.tree_mask.tolist(), pack_parents([parents])[0].tolist()
+    assert wrong != right and all(w >> i & 1 for i, w in enumerate(wrong))  # diagonal intact
+    check_sglang_metadata(qo, kvp, kv_indices, 4, custom_mask=buffer, mask_indptr=mask_indptr)
+    for bad, message in (
+        (moved, r"mask_indptr\[0\] = 28; expected 0"),
+        (torch.tensor([4, 32]), r"mask_indptr\[0\] = 4; expected 0"),
+        (
+            torch.tensor([0, 27]),
+            r"mask_indptr\[1\] - mask_indptr\[0\] = 27, expected request 0's T \* \(P \+ T\) = 4 \* \(3 \+ 4\) = 28",
+        ),
+        (torch.tensor([0, 28]), r"mask_indptr\[-1\] = 28 is past the end of custom_mask \(27 entries\)"),
+        (torch.tensor([0]), r"mask_indptr must be \[B\+1\] = \(2,\) with a custom_mask, got \(1,\)"),
+    ):
+        short = buffer[:27] if "past the end" in message else buffer
+        with pytest.raises(ValueError, match=message):
+            check_sglang_metadata(qo, kvp, kv_indices, 4, custom_mask=short, mask_indptr=bad)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("qo_indptr", [0, 1], "qo_indptr must be a 1-D int32 or int64 tensor, got list"),
+        (
+            "kv_indptr",
+            torch.tensor([0.0, 3.0]),
+            "kv_indptr must be a 1-D int32 or int64 tensor, got torch.float32",
+        ),
+        (
+            "kv_indices",
+            torch.zeros(1, 3, dtype=torch.int64),
+            r"kv_indices must be a 1-D .* got torch.int64 of shape \(1, 3\)",
+        ),
+        (
+            "out_cache_loc",
+            torch.zeros(4, dtype=torch.int16),
+            "out_cache_loc must be a 1-D int32 or int64 tensor",
+        ),
+        ("mask_indptr", torch.tensor([0.0, 28.0]), "mask_indptr must be a 1-D int32 or int64 tensor"),
+        (
+            "custom_mask",
+            torch.ones(28),
+            "custom_mask must be None or a 1-D bool or uint8 tensor, got torch.float32",
+        ),
+        (
+            "custom_mask",
+            torch.ones(4, 7, dtype=torch.bool),
+            r"custom_mask must be .* got torch.bool of shape \(4, 7\)",
+        ),
+        ("max_len_extend", 2.5, "max_len_extend must be an int, got 2.5"),
+        ("max_len_extend", None, "max_len_extend must be an int, got None"),
+        ("prefix_len_sum", 3.0, "prefix_len_sum must be an int or None, got 3.0"),
+    ],
+)
+def test_the_conversion_names_an_argument_of_the_wrong_type(name: str, value: object, message: str) -> None:
+    mask, mask_indptr = custom_mask_from_parents([(-1, 0, 0, 1)], [3])
+    args = {
+        "qo_indptr": torch.tensor([0, 4], dtype=torch.int32),
+        "kv_indptr": torch.tensor([0, 3], dtype=torch.int32),
+        "kv_indices": torch.arange(3),
+        "out_cache_loc": torch.arange(100, 104),
+        "custom_mask": mask,
+        "mask_indptr": mask_indptr,
+        "max_len_extend": 4,
+    }
+    verify_metadata_from_sglang(**args)
+    args[name] = value
+    with pytest.raises(ValueError, match=message):
+        verify_metadata_from_sglang(**args)
 
 
 def test_the_v_buffer_message_says_which_half_is_wrong() -> None:
@@ -646,3 +728,20 @@ def test_metadata_built_once_is_used_as_given_and_nothing_is_converted(
         assert kv_indices is meta.kv_indices and kv_indptr is meta.kv_indptr and qo_indptr is meta.qo_indptr
         assert tree_mask is meta.tree_mask and tree_mask_indptr is meta.tree_mask_indptr
         assert seen["kwargs"]["out"] is o
+
+
+def test_adapter_validate_names_a_moved_mask_block_before_the_kernel_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    args = sglang_verify_args(random_batch(random.Random(6)))
+    o = torch.empty(args.q_extend.shape[0], args.q_extend.shape[1], V_DIM, dtype=torch.bfloat16)
+    calls = []
+    monkeypatch.setattr(sglang_adapter, "verify_attention", lambda *a, **kw: calls.append(kw))
+    kwargs = args.kernel_kwargs(o)
+    extend_attention_fwd(*kwargs.values(), out_cache_loc=args.out_cache_loc, validate=True)
+    assert calls and calls[0]["validate"] is True
+    kwargs["custom_mask"] = torch.cat([args.custom_mask, args.custom_mask])
+    kwargs["mask_indptr"] = args.mask_indptr + args.custom_mask.numel()  # a copy's blocks: a stale step's
+    with pytest.raises(ValueError, match=r"mask_indptr\[0\] = \d+; expected 0"):
+        extend_attention_fwd(*kwargs.values(), out_cache_loc=args.out_cache_loc, validate=True)
+    assert len(calls) == 1
