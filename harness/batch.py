@@ -67,19 +67,45 @@ class VerifyBatch:
             sm_scale=self.sm_scale,
         )
 
+    def pool(self) -> torch.Tensor:
+        """``kv_cache`` as [S, 576] (a [S, 1, 576] pool is viewed so); raises naming it otherwise."""
+        cache = self.kv_cache
+        if cache.dim() == 3 and cache.shape[1] == 1:
+            cache = cache.view(cache.shape[0], cache.shape[2])
+        if cache.dim() != 2 or cache.shape[1] != QK_DIM:
+            raise ValueError(
+                f"kv_cache has shape {tuple(self.kv_cache.shape)}, expected [S, {QK_DIM}] or [S, 1, {QK_DIM}]"
+            )
+        return cache
+
     def host_indptrs(self) -> tuple[list[int], list[int]]:
-        """(qo_indptr, kv_indptr) on the host, checked against q, prefix_lens and the trees."""
+        """(qo_indptr, kv_indptr) on the host, checked against q, prefix_lens, the trees,
+        kv_indices and the pool: every error names its field."""
+        for name in ("qo_indptr", "kv_indptr", "kv_indices"):
+            t = getattr(self, name)
+            if (
+                not isinstance(t, torch.Tensor)
+                or t.dim() != 1
+                or t.is_floating_point()
+                or t.dtype == torch.bool
+            ):
+                got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"{name} must be a 1-D integer tensor, got {got}")
         qo = [int(x) for x in self.qo_indptr.cpu()]
         kv = [int(x) for x in self.kv_indptr.cpu()]
         if len(qo) != self.batch_size + 1 or len(kv) != self.batch_size + 1:
             raise ValueError(
                 f"qo_indptr has {len(qo)} and kv_indptr {len(kv)} entries, expected B + 1 = {self.batch_size + 1}"
             )
-        if self.q.dim() != 3 or self.q.shape[2] != QK_DIM or qo[-1] != self.q.shape[0]:
+        if qo[0] != 0 or kv[0] != 0:
+            raise ValueError(f"qo_indptr[0] = {qo[0]} and kv_indptr[0] = {kv[0]}; both must be 0")
+        if self.q.dim() != 3 or self.q.shape[2] != QK_DIM or qo[-1] != self.q.shape[0] or self.q.shape[1] < 1:
             raise ValueError(
-                f"q has shape {tuple(self.q.shape)}, expected [qo_indptr[-1] = {qo[-1]}, H, {QK_DIM}]"
+                f"q has shape {tuple(self.q.shape)}, expected [qo_indptr[-1] = {qo[-1]}, H >= 1, {QK_DIM}]"
             )
         for b, (p, parents) in enumerate(zip(self.prefix_lens, self.parents, strict=True)):
+            if isinstance(p, bool) or not isinstance(p, int) or p < 0:
+                raise ValueError(f"prefix_lens[{b}] = {p!r}; expected an int >= 0")
             t = len(parents)
             if qo[b + 1] - qo[b] != t:
                 raise ValueError(
@@ -89,6 +115,17 @@ class VerifyBatch:
                 raise ValueError(
                     f"request {b}: kv_indptr gives {kv[b + 1] - kv[b]} keys, expected P + T = {p} + {t}"
                 )
+        if kv[-1] > self.kv_indices.numel():
+            raise ValueError(
+                f"kv_indptr[-1] = {kv[-1]} is past the end of kv_indices ({self.kv_indices.numel()} slots)"
+            )
+        num_slots = self.pool().shape[0]
+        used = self.kv_indices[: kv[-1]]
+        if used.numel() and not (0 <= int(used.min()) and int(used.max()) < num_slots):
+            bad = int(torch.nonzero((used < 0) | (used >= num_slots))[0])
+            raise ValueError(
+                f"kv_indices[{bad}] = {int(used[bad])} is outside the pool: expected a slot in [0, {num_slots})"
+            )
         return qo, kv
 
     def kv_bytes(self) -> int:

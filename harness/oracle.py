@@ -11,6 +11,8 @@ at most; everything stays on the batch's device (CPU or CUDA).
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -30,9 +32,21 @@ def reference(
     ``visibility`` overrides the draft mask with per-request [T_b, T_b] bool matrices (row i:
     the draft tokens query i sees); by default it comes from ``batch.parents``.
     """
-    if chunk < 1:
-        raise ValueError(f"chunk = {chunk}; expected >= 1")
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk = {chunk!r}; expected an int >= 1")
+    scale = batch.sm_scale
+    if (
+        isinstance(scale, bool)
+        or not isinstance(scale, numbers.Real)
+        or not (math.isfinite(scale) and scale > 0)
+    ):
+        raise ValueError(f"sm_scale = {scale!r}; expected a finite positive number")
     qo, kv = batch.host_indptrs()
+    if visibility is not None and len(visibility) != batch.batch_size:
+        raise ValueError(
+            f"visibility has {len(visibility)} matrices, expected one per request ({batch.batch_size})"
+        )
+    pool = batch.pool()
     device = batch.device
     q = batch.q.to(torch.float64)
     n, h = q.shape[0], q.shape[1]
@@ -41,13 +55,21 @@ def reference(
     for b, (p, parents) in enumerate(zip(batch.prefix_lens, batch.parents, strict=True)):
         t = len(parents)
         qb = q[qo[b] : qo[b + 1]].reshape(t * h, QK_DIM)
-        slots = batch.kv_indices[kv[b] : kv[b + 1]].to(device=batch.kv_cache.device, dtype=torch.long)
+        slots = batch.kv_indices[kv[b] : kv[b + 1]].to(device=pool.device, dtype=torch.long)
         if visibility is None:
             vis = tree.visibility(parents, f"parents[{b}]")
         else:
-            vis = visibility[b].to(torch.bool)
-            if vis.shape != (t, t):
-                raise ValueError(f"visibility[{b}] has shape {tuple(vis.shape)}, expected ({t}, {t})")
+            vis = visibility[b]
+            if not isinstance(vis, torch.Tensor) or vis.shape != (t, t) or vis.dtype != torch.bool:
+                got = (
+                    f"{vis.dtype} {tuple(vis.shape)}" if isinstance(vis, torch.Tensor) else type(vis).__name__
+                )
+                raise ValueError(f"visibility[{b}] must be a bool tensor of shape ({t}, {t}), got {got}")
+            if p == 0 and not bool(vis.any(dim=1).all()):
+                i = int(torch.nonzero(~vis.any(dim=1))[0])
+                raise ValueError(
+                    f"visibility[{b}] row {i} sees no key (request {b} has no prefix): its softmax is empty"
+                )
         # Draft key j is hidden from row (i, h) unless vis[i, j]: same mask for every head.
         draft_mask = vis.to(device).repeat_interleave(h, dim=0)  # [T*H, T]
 
@@ -56,8 +78,8 @@ def reference(
         acc = torch.zeros(t * h, V_DIM, dtype=torch.float64, device=device)
         blocks = [(s, min(s + chunk, p), None) for s in range(0, p, chunk)] + [(p, p + t, draft_mask)]
         for start, stop, mask in blocks:
-            keys = batch.kv_cache[slots[start:stop]].to(device=device, dtype=torch.float64)
-            scores = (qb @ keys.T) * batch.sm_scale  # [T*H, keys]
+            keys = pool[slots[start:stop]].to(device=device, dtype=torch.float64)
+            scores = (qb @ keys.T) * scale  # [T*H, keys]
             if mask is not None:
                 scores = scores.masked_fill(~mask, -torch.inf)
             new_max = torch.maximum(row_max, scores.max(dim=1).values)

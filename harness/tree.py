@@ -17,12 +17,13 @@ The builders return ``tuple[int, ...]`` parent arrays and are deterministic: eac
 from __future__ import annotations
 
 import heapq
+import operator
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from kernel.tree_mask import visibility_from_parents
+from kernel.tree_mask import node_index, visibility_from_parents
 
 __all__ = [
     "validate_parents",
@@ -40,7 +41,9 @@ __all__ = [
 
 def validate_parents(parents: Sequence[int], field: str = "parents") -> tuple[int, ...]:
     """The parent array as a tuple of ints; raises naming ``field`` and the first bad entry."""
-    out = tuple(int(p) for p in parents)
+    if isinstance(parents, (str, bytes)) or not isinstance(parents, (Sequence, torch.Tensor, np.ndarray)):
+        raise ValueError(f"{field} must be a sequence of parent indices, got {type(parents).__name__}")
+    out = tuple(node_index(p, field, i) for i, p in enumerate(parents))
     if not out:
         raise ValueError(f"{field} is empty; a draft tree has at least its root (node 0)")
     if out[0] != -1:
@@ -94,10 +97,9 @@ def custom_mask_from_parents(
     """SGLang's (custom_mask [sum_b T_b * (P_b + T_b)] bool, mask_indptr [B + 1] int64) on the CPU."""
     if len(parents) != len(prefix_lens):
         raise ValueError(f"parents has {len(parents)} trees but prefix_lens has {len(prefix_lens)} entries")
-    blocks, indptr = [], [0]
+    blocks, indptr = [torch.zeros(0, dtype=torch.bool)], [0]
     for b, (tree, p) in enumerate(zip(parents, prefix_lens, strict=True)):
-        if p < 0:
-            raise ValueError(f"prefix_lens[{b}] = {p}; expected >= 0")
+        p = _count(p, f"prefix_lens[{b}]", 0)
         vis = visibility(tree, f"parents[{b}]")
         t = vis.shape[0]
         block = torch.ones(t, p + t, dtype=torch.bool)
@@ -105,6 +107,19 @@ def custom_mask_from_parents(
         blocks.append(block.reshape(-1))
         indptr.append(indptr[-1] + t * (p + t))
     return torch.cat(blocks), torch.tensor(indptr, dtype=torch.int64)
+
+
+def _count(value: object, field: str, least: int) -> int:
+    """``value`` as an int >= ``least`` (numpy and 0-d torch integers too); raises naming ``field``."""
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        raise ValueError(f"{field} = {value!r}: expected an int >= {least}")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{field} = {value!r}: expected an int >= {least}") from None
+    if n < least:
+        raise ValueError(f"{field} = {n}; expected >= {least}")
+    return n
 
 
 def visibility_from_custom_mask(
@@ -125,10 +140,18 @@ def visibility_from_custom_mask(
             f"mask_indptr has {mask_indptr.numel()} entries, prefix_lens {len(prefix_lens)} and num_draft "
             f"{len(num_draft)}; expected B + 1, B and B"
         )
+    if mask_indptr.dim() != 1 or mask_indptr.is_floating_point() or mask_indptr.dtype == torch.bool:
+        raise ValueError(
+            f"mask_indptr must be a 1-D integer tensor, got {mask_indptr.dtype} {tuple(mask_indptr.shape)}"
+        )
     mask = custom_mask.to(torch.bool).cpu()
     indptr = [int(x) for x in mask_indptr.cpu()]
+    if indptr[0] < 0:
+        raise ValueError(f"mask_indptr[0] = {indptr[0]}; expected >= 0 (an offset into custom_mask)")
     out = []
     for b, (p, t) in enumerate(zip(prefix_lens, num_draft, strict=True)):
+        p = _count(p, f"prefix_lens[{b}]", 0)
+        t = _count(t, f"num_draft[{b}]", 1)
         size = t * (p + t)
         if indptr[b + 1] - indptr[b] != size:
             raise ValueError(

@@ -91,8 +91,105 @@ def test_visibility_override_replaces_the_tree() -> None:
 
 def test_visibility_override_of_the_wrong_shape_is_rejected() -> None:
     batch = random_batch([10], [(-1, 0, 0)], 1, 5)
-    with pytest.raises(ValueError, match=r"visibility\[0\] has shape \(2, 2\), expected \(3, 3\)"):
+    with pytest.raises(
+        ValueError, match=r"visibility\[0\] must be a bool tensor of shape \(3, 3\), got torch.bool \(2, 2\)"
+    ):
         reference(batch, visibility=[torch.ones(2, 2, dtype=torch.bool)])
+
+
+def _slots(batch: VerifyBatch, **at: int) -> VerifyBatch:
+    kv_indices = batch.kv_indices.clone()
+    for i, slot in at.items():
+        kv_indices[int(i[1:])] = slot
+    return replace(batch, kv_indices=kv_indices)
+
+
+BAD_BATCHES: dict[str, tuple[Callable[[VerifyBatch], VerifyBatch], str]] = {
+    # a slot of -1 would read the pool's last row through Python's negative indexing
+    "negative slot": (
+        lambda b: _slots(b, i3=-1),
+        r"kv_indices\[3\] = -1 is outside the pool: expected a slot in \[0, 22\)",
+    ),
+    "slot past the pool": (lambda b: _slots(b, i0=22), r"kv_indices\[0\] = 22 is outside the pool"),
+    "float slots": (
+        lambda b: replace(b, kv_indices=b.kv_indices.float()),
+        "kv_indices must be a 1-D integer tensor",
+    ),
+    # a negative start would wrap through slicing and read other requests' slots
+    "shifted kv_indptr": (
+        lambda b: replace(b, kv_indptr=b.kv_indptr - 7),
+        r"qo_indptr\[0\] = 0 and kv_indptr\[0\] = -7; both must be 0",
+    ),
+    "kv_indptr past kv_indices": (
+        lambda b: replace(b, kv_indices=b.kv_indices[:-1]),
+        r"kv_indptr\[-1\] = 13 is past the end of kv_indices \(12 slots\)",
+    ),
+    "2-D qo_indptr": (
+        lambda b: replace(b, qo_indptr=b.qo_indptr[None]),
+        "qo_indptr must be a 1-D integer tensor",
+    ),
+    "no heads": (lambda b: replace(b, q=b.q[:, :0]), r"q has shape \(3, 0, 576\), expected .*H >= 1"),
+    "negative prefix": (
+        lambda b: replace(b, prefix_lens=(-1,)),
+        r"prefix_lens\[0\] = -1; expected an int >= 0",
+    ),
+    "pool of the wrong width": (
+        lambda b: replace(b, kv_cache=b.kv_cache[:, :512]),
+        r"kv_cache has shape \(22, 512\)",
+    ),
+    "NaN sm_scale": (
+        lambda b: replace(b, sm_scale=float("nan")),
+        "sm_scale = nan; expected a finite positive number",
+    ),
+    "zero sm_scale": (
+        lambda b: replace(b, sm_scale=0.0),
+        "sm_scale = 0.0; expected a finite positive number",
+    ),
+    "string sm_scale": (
+        lambda b: replace(b, sm_scale="0.1"),
+        "sm_scale = '0.1'; expected a finite positive number",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", BAD_BATCHES)
+def test_a_bad_batch_is_refused_naming_the_field(name: str) -> None:
+    batch = random_batch([10], [(-1, 0, 0)], 1, 5)
+    edit, message = BAD_BATCHES[name]
+    with pytest.raises(ValueError, match=message):
+        reference(edit(batch))
+
+
+def test_a_pool_with_a_unit_middle_dim_is_read_as_the_flat_pool() -> None:
+    batch = random_batch([10], [(-1, 0, 0)], 2, 5)
+    flat = reference(batch)
+    viewed = reference(replace(batch, kv_cache=batch.kv_cache.view(-1, 1, QK_DIM)))
+    assert all(torch.equal(a, b) for a, b in zip(flat, viewed, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"chunk": 2.5}, r"chunk = 2.5; expected an int >= 1"),
+        ({"chunk": True}, r"chunk = True; expected an int >= 1"),
+        ({"visibility": []}, r"visibility has 0 matrices, expected one per request \(1\)"),
+        ({"visibility": [[[True]]]}, r"visibility\[0\] must be a bool tensor of shape \(3, 3\), got list"),
+        ({"visibility": [torch.ones(3, 3)]}, r"visibility\[0\] must be a bool tensor .* got torch.float32"),
+    ],
+)
+def test_bad_oracle_arguments_are_named(kwargs: dict, message: str) -> None:
+    batch = random_batch([10], [(-1, 0, 0)], 1, 5)
+    with pytest.raises(ValueError, match=message):
+        reference(batch, **kwargs)
+
+
+def test_a_draft_row_that_sees_no_key_is_refused() -> None:
+    # Without a prefix a row hidden from every draft token (itself too) has an empty softmax: NaN.
+    batch = random_batch([0], [(-1, 0)], 1, 5)
+    vis = tree.visibility((-1, 0)).clone()
+    vis[1] = False
+    with pytest.raises(ValueError, match=r"visibility\[0\] row 1 sees no key \(request 0 has no prefix\)"):
+        reference(batch, visibility=[vis])
 
 
 def test_query_count_must_match_the_tree() -> None:

@@ -55,6 +55,10 @@ def test_chain_visibility_is_causal() -> None:
         ((0, 0), r"parents\[0\] = 0; the root \(node 0\) must have parent -1"),
         ((-1, 0, -1), r"parents\[2\] = -1; only the root"),
         ((), r"parents is empty"),
+        ((-1, 0.9, 1.5), r"parents\[1\] = 0.9: a parent is a node index"),  # int() would make it (-1, 0, 1)
+        ((-1, "0"), r"parents\[1\] = '0': a parent is a node index"),
+        ((-1, True), r"parents\[1\] = True: a parent is a node index \(an int\), not a bool"),
+        (None, r"parents must be a sequence of parent indices, got NoneType"),
     ],
 )
 def test_validate_parents_names_the_bad_entry(parents: tuple[int, ...], message: str) -> None:
@@ -111,6 +115,29 @@ def test_custom_mask_with_a_wrong_indptr_is_rejected() -> None:
         match=r"mask_indptr\[1\] - mask_indptr\[0\] = 9, expected T \* \(P \+ T\) = 2 \* \(3 \+ 2\) = 10",
     ):
         tree.visibility_from_custom_mask(mask, torch.tensor([0, 9]), [3], [2])
+
+
+@pytest.mark.parametrize(
+    ("mask_indptr", "prefix_lens", "num_draft", "message"),
+    [
+        ([-10, 0], [3], [2], r"mask_indptr\[0\] = -10; expected >= 0"),  # would wrap to the mask's end
+        ([0.0, 10.0], [3], [2], r"mask_indptr must be a 1-D integer tensor"),
+        ([0, 10], [3], [0], r"num_draft\[0\] = 0; expected >= 1"),
+        ([0, 10], [-1], [2], r"prefix_lens\[0\] = -1; expected >= 0"),
+        ([0, 10], [2.5], [2], r"prefix_lens\[0\] = 2.5: expected an int >= 0"),
+    ],
+)
+def test_custom_mask_metadata_out_of_range_is_named(
+    mask_indptr: list, prefix_lens: list, num_draft: list, message: str
+) -> None:
+    mask, _ = tree.custom_mask_from_parents([(-1, 0)], [3])
+    with pytest.raises(ValueError, match=message):
+        tree.visibility_from_custom_mask(mask, torch.tensor(mask_indptr), prefix_lens, num_draft)
+
+
+def test_custom_mask_of_an_empty_batch_is_empty() -> None:
+    mask, indptr = tree.custom_mask_from_parents([], [])
+    assert mask.numel() == 0 and mask.dtype == torch.bool and indptr.tolist() == [0]
 
 
 @pytest.mark.parametrize("name", BUILDERS)
