@@ -12,6 +12,8 @@ The CUDA extension is built on first use (JIT, cached by a hash of the sources, 
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from .build import load_extension
@@ -117,6 +119,20 @@ def verify_attention(
     CUDA graph. The default ``validate=True`` copies the indptrs and the mask to the host first.
     Output is bitwise deterministic for identical inputs.
     """
+    _check_tensors(
+        q=q,
+        kv_cache=kv_cache,
+        kv_indices=kv_indices,
+        qo_indptr=qo_indptr,
+        kv_indptr=kv_indptr,
+        tree_mask=tree_mask,
+        tree_mask_indptr=tree_mask_indptr,
+    )
+    for name, t in (("out", out), ("lse", lse)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be None or a torch.Tensor, got {type(t).__name__}")
+    if not isinstance(validate, bool):
+        raise TypeError(f"validate must be True or False, got {validate!r}")
     config_id = _config_id(config)
     sms = _num_sms_arg(num_sms)
     scale = _sm_scale_arg(sm_scale)
@@ -138,6 +154,14 @@ def verify_attention(
     return out, lse
 
 
+def _check_tensors(**tensors: object) -> None:
+    """Each argument a torch.Tensor, so that a list or an array is named here, not refused by
+    the extension's generic signature error."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
 def _sm_scale_arg(sm_scale: float) -> float:
     """``sm_scale`` as the extension takes it; its range is checked there."""
     if isinstance(sm_scale, torch.Tensor):
@@ -145,10 +169,10 @@ def _sm_scale_arg(sm_scale: float) -> float:
             "sm_scale must be a Python number, got a tensor: reading it would copy it from the device "
             "(a sync, and an error while a CUDA graph is captured); pass float(sm_scale) once, outside the loop"
         )
-    try:
-        return float(sm_scale)
-    except (TypeError, ValueError):
-        raise TypeError(f"sm_scale must be a number, got {sm_scale!r}") from None
+    # A real number (numpy's too); not a bool, a string or bytes, which float() would also take.
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
+        raise TypeError(f"sm_scale must be a number, got {sm_scale!r}")
+    return float(sm_scale)
 
 
 _CONFIGS = {"auto": 0, "large": 1, "small": 2, "wgmma": 3, "wgmma-ws": 4, "small-m32": 5, "wgmma-ws-pipe": 6}
@@ -185,6 +209,7 @@ def planned_config(
     ``config`` (default "auto") resolves to, from shapes only (no sync, nothing launched), for a
     call laid out for ``num_sms`` SMs as ``verify_attention`` takes it. Raises ValueError for an
     unknown name or a bad ``num_sms``, and RuntimeError when the device cannot run that config."""
+    _check_tensors(q=q, kv_indices=kv_indices, qo_indptr=qo_indptr)
     config_id = _config_id(config)
     sms = _num_sms_arg(num_sms)
     if qo_indptr.dim() != 1 or qo_indptr.numel() < 2:

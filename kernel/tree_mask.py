@@ -18,10 +18,23 @@ import torch
 
 
 def words_per_row(num_draft: int) -> int:
-    return (num_draft + 31) // 32
+    """The int32 words of one row of a tree of ``num_draft`` tokens (an int >= 0)."""
+    if isinstance(num_draft, bool):
+        raise ValueError(f"num_draft must be an int >= 0, got {num_draft!r}")
+    try:
+        t = operator.index(num_draft)
+    except TypeError:
+        raise ValueError(f"num_draft must be an int >= 0, got {num_draft!r}") from None
+    if t < 0:
+        raise ValueError(f"num_draft must be an int >= 0, got {t}")
+    return (t + 31) // 32
 
 
-def _node(p: object, field: str, i: int) -> int:
+# Rows of one tree packed at a time: bounds pack_visibility's int64 scratch to ~128 MB.
+_PACK_SCRATCH_ELEMS = 1 << 24
+
+
+def node_index(p: object, field: str, i: int) -> int:
     """``parents[i]`` as an int (numpy and 0-d torch integers too); raises naming the entry."""
     if isinstance(p, bool) or (isinstance(p, torch.Tensor) and p.dtype == torch.bool):
         raise ValueError(f"{field}[{i}] = {p!r}: a parent is a node index (an int), not a bool")
@@ -39,7 +52,7 @@ def visibility_from_parents(parents: Sequence[int], field: str = "parents") -> t
         raise ValueError(f"{field} is empty; a draft tree has at least its root (node 0)")
     vis = torch.zeros(t, t, dtype=torch.bool)
     for i, entry in enumerate(parents):
-        p = _node(entry, field, i)
+        p = node_index(entry, field, i)
         if i == 0:
             if p != -1:
                 raise ValueError(f"{field}[0] = {p}: the root (node 0) must have parent -1")
@@ -57,10 +70,20 @@ def pack_visibility(visibility: Sequence[torch.Tensor]) -> tuple[torch.Tensor, t
     """Pack per-request [T_b, T_b] bool matrices into (tree_mask, tree_mask_indptr), on the CPU.
     Integer matrices of 0s and 1s are taken as bool; any other value raises (it would spill into
     a neighbour's bit). An empty batch packs to ``(int32[0], int32[[0]])``."""
+    if isinstance(visibility, torch.Tensor) or not isinstance(visibility, Sequence):
+        raise ValueError(
+            "visibility must be a sequence of [T, T] matrices, one per request, got "
+            f"{type(visibility).__name__}: wrap one request's matrix as [matrix]"
+        )
     blocks, indptr = [], [0]
     for b, vis in enumerate(visibility):
         if not isinstance(vis, torch.Tensor):
-            vis = torch.as_tensor(vis)
+            try:
+                vis = torch.as_tensor(vis)
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise ValueError(
+                    f"visibility[{b}] must be a [T, T] bool matrix, got {vis!r:.60}: {e}"
+                ) from None
         if vis.dim() != 2 or vis.shape[0] != vis.shape[1] or vis.shape[0] < 1:
             raise ValueError(
                 f"visibility[{b}] must be a non-empty square [T, T] matrix, got {tuple(vis.shape)}"
@@ -75,11 +98,16 @@ def pack_visibility(visibility: Sequence[torch.Tensor]) -> tuple[torch.Tensor, t
             vis = vis != 0
         t = vis.shape[0]
         w = words_per_row(t)
-        padded = torch.zeros(t, w * 32, dtype=torch.int64)
-        padded[:, :t] = vis.cpu().to(torch.int64)
-        bits = padded.view(t, w, 32) << torch.arange(32, dtype=torch.int64)
-        words = bits.sum(-1)  # < 2**32: fits int64; reinterpret as int32 below
-        words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+        vis = vis.cpu()
+        words = torch.empty(t, w, dtype=torch.int32)
+        step = max(1, _PACK_SCRATCH_ELEMS // (w * 32))
+        shifts = torch.arange(32, dtype=torch.int64)
+        for r in range(0, t, step):
+            rows = vis[r : r + step]
+            padded = torch.zeros(rows.shape[0], w * 32, dtype=torch.int64)
+            padded[:, :t] = rows
+            sums = (padded.view(-1, w, 32) << shifts).sum(-1)  # < 2**32: fits int64
+            words[r : r + step] = torch.where(sums >= 2**31, sums - 2**32, sums)  # bit 31 as the sign
         blocks.append(words.reshape(-1))
         indptr.append(indptr[-1] + t * w)
     tree_mask = torch.cat(blocks) if blocks else torch.zeros(0, dtype=torch.int32)
@@ -89,4 +117,14 @@ def pack_visibility(visibility: Sequence[torch.Tensor]) -> tuple[torch.Tensor, t
 def pack_parents(parents: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """(tree_mask, tree_mask_indptr) for a batch of trees given as parent arrays; errors name
     ``parents[b][i]``."""
+    if isinstance(parents, (str, bytes, torch.Tensor)) or not isinstance(parents, Sequence):
+        raise ValueError(
+            f"parents must be a sequence of parent arrays, one per request, got {type(parents).__name__}"
+        )
+    for b, tree in enumerate(parents):
+        if isinstance(tree, (str, bytes)) or not hasattr(tree, "__len__"):
+            raise ValueError(
+                f"parents[{b}] = {tree!r:.60} is not a parent array: parents holds one per request "
+                "(wrap a single tree as [parents])"
+            )
     return pack_visibility([visibility_from_parents(p, f"parents[{b}]") for b, p in enumerate(parents)])

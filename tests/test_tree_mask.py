@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import kernel.tree_mask
 from kernel.tree_mask import pack_parents, pack_visibility, visibility_from_parents, words_per_row
 
 
@@ -85,3 +86,32 @@ def test_visibility_other_than_bool_or_zero_one_is_refused(vis: torch.Tensor) ->
 def test_a_non_square_visibility_is_refused() -> None:
     with pytest.raises(ValueError, match=r"visibility\[1\] must be a non-empty square"):
         pack_visibility([torch.ones(1, 1, dtype=torch.bool), torch.ones(2, 3, dtype=torch.bool)])
+
+
+def test_a_single_tree_or_a_non_sequence_is_refused_naming_the_batch() -> None:
+    with pytest.raises(ValueError, match=r"parents\[0\] = -1 is not a parent array.*wrap a single tree"):
+        pack_parents([-1, 0, 1])
+    with pytest.raises(ValueError, match="parents must be a sequence of parent arrays"):
+        pack_parents(None)
+    with pytest.raises(ValueError, match="visibility must be a sequence of .* matrices"):
+        pack_visibility(torch.ones(2, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"visibility\[0\] must be a \[T, T\] bool matrix, got None"):
+        pack_visibility([None])
+
+
+@pytest.mark.parametrize("num_draft", [-100, -1, 2.5, True, "3"])
+def test_words_per_row_takes_a_count_only(num_draft: object) -> None:
+    with pytest.raises(ValueError, match="num_draft must be an int >= 0"):
+        words_per_row(num_draft)
+
+
+def test_packing_in_row_blocks_gives_the_same_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The packer bounds its scratch by packing a tree's rows a block at a time; a block of one
+    # row (forced here) must give the words of the whole tree packed at once.
+    gen = torch.Generator().manual_seed(0)
+    vis = [torch.rand(t, t, generator=gen) < 0.5 for t in (1, 31, 32, 33, 70)]
+    whole = pack_visibility(vis)
+    monkeypatch.setattr(kernel.tree_mask, "_PACK_SCRATCH_ELEMS", 1)
+    blocks = pack_visibility(vis)
+    assert all(torch.equal(a, b) for a, b in zip(whole, blocks, strict=True))
+    assert whole[0].unique().numel() > 10  # the draws set bit 31 and others, not only zeros
