@@ -349,15 +349,21 @@ def write_report(results: Results, out_dir: Path, min_change: float) -> compare.
         atomic_write_text(out_dir / "index.html", render_html(results, str(json_path)))
     except Exception as e:  # the overview page is extra: the comparison and the results still get written
         print(f"ab: index.html not rendered: {type(e).__name__}: {e}", file=sys.stderr)
-    comparison = compare.compare_results(*split_ab(results), min_change=min_change)
-    print(compare.format_terminal(comparison))
     try:
+        comparison = compare.compare_results(*split_ab(results), min_change=min_change)
+        print(compare.format_terminal(comparison))
         print(f"html: {compare.write_html(comparison, out_dir)}")
         write_results(results, json_path)
     except OSError as e:  # the folder was probed before the run; it may have filled up since
         raise ABError(
             kept_elsewhere(results, f"{out_dir}: cannot write the run there ({e.strerror or e})")
         ) from e
+    except BaseException as e:  # a comparison that fails, or Ctrl-C: the timings are still kept
+        note = kept_elsewhere(results, f"{out_dir}: the run was not written ({type(e).__name__}: {e})")
+        if not isinstance(e, Exception):
+            print(f"ab: {note}", file=sys.stderr)
+            raise
+        raise ABError(note) from e
     return comparison
 
 

@@ -42,7 +42,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pandas as pd
 
@@ -738,14 +738,21 @@ UNSHOWN_FILE = "results.unshown.json"
 
 
 def write_run(results: Results, out_dir: Path) -> Path:
-    """Write ``index.html`` and then ``results.json`` into ``out_dir``, each atomically; returns
-    out_dir. The page is rendered before anything is written, so a results set that cannot be
-    shown leaves no run folder behind, only its results as ``results.unshown.json`` (and a
-    ResultsError naming the field); ``results.json``, the file every tool keys a run on, is written
-    last, so a run cut short between the two leaves a page and no results (a folder no tool
-    reads), never results without their page. A folder that already holds a run's results is
-    refused before anything is written (ResultsError, the results kept elsewhere): the new page
-    would sit beside the old results, and the new results would replace them."""
+    """Write ``index.html`` and then ``results.json`` into ``out_dir``; returns out_dir.
+
+    - The page is rendered before anything is written, so a results set that cannot be shown
+      leaves no run folder behind, only its results as ``results.unshown.json`` (and a
+      ResultsError naming the field).
+    - Both files are written whole and never over a file already there: a folder that holds a
+      run's results or a page (another run writing there at the same time, a run cut short, a
+      page of the user's) is left as it was.
+    - ``results.json``, the file every tool keys a run on, is written last, so a run cut short
+      between the two leaves a page and no results (a folder no tool reads), never results
+      without their page.
+    - Whatever stops the write (the folder, a render that fails, Ctrl-C), the results are kept in
+      a folder of their own under the system's temporary directory and the error (for Ctrl-C, a
+      line on stderr) says where: a report that cannot be written never costs the measurements.
+    """
     out_dir = Path(out_dir)
     held = held_results(out_dir) if out_dir.is_dir() else None
     if held is not None:  # the commands refuse such an --out before the run; it may have appeared since
@@ -760,14 +767,42 @@ def write_run(results: Results, out_dir: Path) -> Path:
         kept = out_dir / UNSHOWN_FILE
         write_results(results, kept)
         raise ResultsError(f"{e}; the results are kept in {kept}, which no tool reads as a run") from e
+    except BaseException as e:
+        _keep_and_raise(results, e, f"{out_dir}: the page could not be rendered")
+    page_path = out_dir / "index.html"
     try:
-        atomic_write_text(out_dir / "index.html", page)
-        write_results(results, out_dir / RESULTS_FILE)
-    except OSError as e:  # the folder was probed before the run; it may have filled up since
+        atomic_write_text(page_path, page, exclusive=True)
+    except FileExistsError as e:
         raise ResultsError(
-            kept_elsewhere(results, f"{out_dir}: cannot write the run there ({e.strerror or e})")
+            kept_elsewhere(
+                results,
+                f"{out_dir}: already holds an index.html (another run writing there, a run cut short, "
+                "or a page of its own), left as it was",
+            )
         ) from e
+    except BaseException as e:
+        _keep_and_raise(results, e, f"{out_dir}: cannot write the run there")
+    try:
+        write_results(results, out_dir / RESULTS_FILE, exclusive=True)
+    except BaseException as e:
+        page_path.unlink(missing_ok=True)  # ours, written just now: a page without its results
+        _keep_and_raise(results, e, f"{out_dir}: cannot write the run there")
     return out_dir
+
+
+def _keep_and_raise(results: Results, e: BaseException, what: str) -> NoReturn:
+    """Keep ``results`` elsewhere (:func:`kept_elsewhere`) and raise: an error as a ResultsError
+    that says ``what`` failed and where the results are; Ctrl-C (or an exit) as it came, after a
+    line on stderr that says so."""
+    if isinstance(e, OSError):
+        detail = e.strerror or str(e)
+    else:
+        detail = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    note = kept_elsewhere(results, f"{what} ({detail})")
+    if isinstance(e, Exception):
+        raise ResultsError(note) from e
+    print(f"the report was not written: {note}", file=sys.stderr)
+    raise e
 
 
 def page_of(json_path: Path) -> Path:

@@ -28,6 +28,7 @@ the field, not a traceback from deep inside a table, a plot or a statistic.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import math
@@ -365,13 +366,16 @@ def kept_elsewhere(results: Results, why: str) -> str:
     return f"{why}; its results are kept in {kept} (render it there with `python -m harness report`)"
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a crash leaves either the old file or the new one."""
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: Path, text: str, *, exclusive: bool = False) -> None:
+    """Write ``text`` to ``path`` so that a crash leaves either the old file or the new one
+    (``exclusive``: see :func:`atomic_write_bytes`)."""
+    atomic_write_bytes(path, text.encode("utf-8"), exclusive=exclusive)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one."""
+def atomic_write_bytes(path: Path, data: bytes, *, exclusive: bool = False) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one.
+    ``exclusive``: never replace a file; FileExistsError when ``path`` exists, also when another
+    process made it meanwhile (the whole file is linked into place, so it appears complete)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -381,10 +385,28 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report is meant to be read by others
-        os.replace(tmp, path)
-    except BaseException:
+        if exclusive:
+            _link_new(tmp, path)
+        else:
+            os.replace(tmp, path)
+    finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def _link_new(tmp: str, path: Path) -> None:
+    """``tmp``'s file also at ``path``, which must not exist (FileExistsError). Where the file
+    system has no hard links, the check and a rename: exclusive except against a process that
+    makes ``path`` in between."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
         raise
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
+            raise
+        if path.exists() or path.is_symlink():
+            raise FileExistsError(errno.EEXIST, "File exists", str(path)) from None
+        os.replace(tmp, path)
 
 
 def results_text(doc: dict) -> str:
@@ -405,8 +427,8 @@ def results_text(doc: dict) -> str:
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
-def write_results(results: Results, path: Path) -> None:
-    atomic_write_text(Path(path), results_text(results.to_json()))
+def write_results(results: Results, path: Path, *, exclusive: bool = False) -> None:
+    atomic_write_bytes(Path(path), results_text(results.to_json()).encode("utf-8"), exclusive=exclusive)
 
 
 # A run's results file as written, and as an older run keeps it once its page is pruned

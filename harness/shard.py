@@ -111,6 +111,7 @@ from harness.sweep import (
     nothing_to_time,
     out_problem,
     progress_bar,
+    report_problem,
     repro_command,
     runs_text,
     timed_modes,
@@ -1141,7 +1142,7 @@ def _timeout(args: argparse.Namespace) -> float | None:
 def _check_can_run(opts: SweepOptions, out: str | None) -> None:
     """Raise before any worker starts when the run has nothing to time or cannot write its report
     (the messages name the option, as a plain sweep's do)."""
-    why = nothing_to_time(opts) or out_problem(out)
+    why = nothing_to_time(opts) or out_problem(out) or report_problem()
     if why:
         raise ShardError(why)
 

@@ -803,7 +803,7 @@ def main(args: argparse.Namespace) -> int:
         return _error(
             "--device cuda: no CUDA device is visible to torch (use --device cpu to check plumbing)"
         )
-    why = nothing_to_time(opts) or out_problem(args.out)
+    why = nothing_to_time(opts) or out_problem(args.out) or report_problem()
     if why:
         return _error(why)
     command = shlex.join(["python", "-m", "harness", "sweep", *command_args(args)])
@@ -824,6 +824,19 @@ def main(args: argparse.Namespace) -> int:
 def runs_text(case: PlannedCase) -> str:
     """``impl (mode/mode), ...``: what ``--list`` shows of a planned case."""
     return ", ".join(f"{r.impl} ({'/'.join(r.modes)})" for r in case.runs)
+
+
+def report_problem() -> str | None:
+    """Why the report could not be written, checked before any timing: jinja2 and matplotlib
+    load only when the report is written (pandas with the command line itself), and a run that
+    times for an hour must not find one missing then."""
+    try:
+        import jinja2  # noqa: F401
+        import matplotlib.figure  # noqa: F401
+        import PIL.Image  # noqa: F401
+    except ImportError as e:
+        return f"the report cannot be written: {e} (install the project's dependencies: pip install -e .)"
+    return None
 
 
 def write_sweep_report(results: Results, out: str | None, grid_label: str) -> int:

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -349,7 +350,7 @@ def test_split_ab_gives_two_comparable_sides() -> None:
 
 
 def test_the_report_writes_results_json_last_and_a_cut_short_one_leaves_none(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     results = ab_results(0.11)
     whole = tmp_path / "whole"
@@ -362,17 +363,36 @@ def test_the_report_writes_results_json_last_and_a_cut_short_one_leaves_none(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(compare, "write_html", cut)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
     cut_short = tmp_path / "cut"
     with pytest.raises(KeyboardInterrupt):
         ab.write_report(results, cut_short, min_change=0.03)
     assert (cut_short / "index.html").is_file() and not (cut_short / "results.json").exists()
+    # the timings are not lost: kept in a folder of their own, and stderr says where
+    (kept,) = (tmp_path / "tmp").glob("verify-attention-unwritten-*/results.json")
+    assert str(kept) in capsys.readouterr().err and load_results(kept).sweep == results.sweep
+
+
+def test_a_comparison_that_fails_keeps_the_results_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ValueError("a comparison bug")
+
+    monkeypatch.setattr(compare, "compare_results", broken)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    results = ab_results(0.11)
+    with pytest.raises(ab.ABError, match=r"the run was not written \(ValueError: a comparison bug\)") as e:
+        ab.write_report(results, tmp_path / "run", min_change=0.03)
+    (kept,) = (tmp_path / "tmp").glob("verify-attention-unwritten-*/results.json")
+    assert str(kept) in str(e.value) and load_results(kept).sweep == results.sweep
 
 
 def test_a_report_folder_that_fails_mid_write_keeps_the_results_elsewhere(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tempfile
-
     def no_space(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 

@@ -11,6 +11,7 @@ import base64
 import json
 import re
 import shutil
+import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -29,7 +30,7 @@ from harness.report import (
     summary_table,
     write_run,
 )
-from harness.results import ParityRow, ResultsError, load_results
+from harness.results import ParityRow, Results, ResultsError, load_results
 
 # Pruning asks git which runs count: git must reach the tests' own folders, whatever GIT_DIR the
 # caller set.
@@ -306,7 +307,7 @@ def test_write_run_refuses_results_it_could_not_read_back_and_keeps_them_aside(t
 def test_write_run_writes_results_json_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """results.json is what every tool keys a run on: a page that fails to be written leaves none."""
 
-    def no_space(path: Path, text: str) -> None:
+    def no_space(path: Path, text: str, **kwargs: object) -> None:
         raise OSError(28, "No space left on device", str(path))
 
     monkeypatch.setattr(harness.report, "atomic_write_text", no_space)
@@ -319,6 +320,91 @@ def test_write_run_writes_results_json_last(tmp_path: Path, monkeypatch: pytest.
     (kept,) = (tmp_path / "tmp").glob("verify-attention-unwritten-*/results.json")
     assert str(kept) in str(e.value)
     assert load_results(kept).to_json() == load_results(PARITY).to_json()
+
+
+@pytest.fixture
+def kept_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The system's temporary folder, where write_run keeps results it could not write."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    return tmp_path / "tmp"
+
+
+def _kept(kept_dir: Path, message: str) -> Results:
+    (kept,) = kept_dir.glob("verify-attention-unwritten-*/results.json")
+    assert str(kept) in message
+    return load_results(kept)
+
+
+def test_write_run_leaves_a_page_another_run_wrote_meanwhile(
+    tmp_path: Path, kept_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs writing one folder (one --out, or default names of one second): the second to
+    write its page finds the first's and keeps its results aside, never replacing the page."""
+    run = tmp_path / "run"
+    render = harness.report.render_html
+
+    def slow_render(results: Results, source: str) -> str:  # the other run writes while this renders
+        run.mkdir(exist_ok=True)
+        (run / "index.html").write_text("the other run's page")
+        return render(results, source)
+
+    monkeypatch.setattr(harness.report, "render_html", slow_render)
+    with pytest.raises(ResultsError, match=f"{run}: already holds an index.html .* left as it was") as e:
+        write_run(load_results(PARITY), run)
+    assert sorted(p.name for p in run.iterdir()) == ["index.html"]
+    assert (run / "index.html").read_text() == "the other run's page"
+    assert _kept(kept_dir, str(e.value)).to_json() == load_results(PARITY).to_json()
+
+
+def test_write_run_leaves_results_another_run_wrote_after_its_page(
+    tmp_path: Path, kept_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tmp_path / "run"
+    write_page = harness.report.atomic_write_text
+
+    def page_then_other_results(path: Path, text: str, **kwargs: object) -> None:
+        write_page(path, text, **kwargs)
+        (run / "results.json").write_text("the other run's results")
+
+    monkeypatch.setattr(harness.report, "atomic_write_text", page_then_other_results)
+    with pytest.raises(ResultsError, match="cannot write the run there") as e:
+        write_run(load_results(PARITY), run)
+    # this run's page is taken back; the other run's results are as it wrote them
+    assert sorted(p.name for p in run.iterdir()) == ["results.json"]
+    assert (run / "results.json").read_text() == "the other run's results"
+    _kept(kept_dir, str(e.value))
+
+
+def test_write_run_keeps_the_results_when_the_page_fails_for_any_reason(
+    tmp_path: Path, kept_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in a plot, a missing package, memory: hours of timing are not lost to the page."""
+
+    def broken_render(results: Results, source: str) -> str:
+        raise RuntimeError("a plot that fails")
+
+    monkeypatch.setattr(harness.report, "render_html", broken_render)
+    with pytest.raises(
+        ResultsError, match=r"the page could not be rendered \(RuntimeError: a plot that fails\)"
+    ) as e:
+        write_run(load_results(PARITY), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    assert _kept(kept_dir, str(e.value)).to_json() == load_results(PARITY).to_json()
+
+
+def test_ctrl_c_while_the_report_is_written_keeps_the_results_and_says_where(
+    tmp_path: Path, kept_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    def interrupted(results: Results, source: str) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(harness.report, "render_html", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_run(load_results(PARITY), tmp_path / "run")
+    err = capsys.readouterr().err
+    assert "the report was not written" in err
+    assert _kept(kept_dir, err).to_json() == load_results(PARITY).to_json()
 
 
 @pytest.mark.parametrize("held", ["results.json", "results.json.gz"])
@@ -621,3 +707,20 @@ def test_prune_leaves_a_run_with_a_wrongly_typed_field_alone_and_warns(tmp_path:
     assert "created_utc must be a string, got 5 (left alone)" in capsys.readouterr().err
     assert (bad / "index.html").exists() and (bad / "results.json").exists()
     assert (older / "results.json.gz").exists()
+
+
+@pytest.mark.parametrize("missing", ["jinja2", "matplotlib.figure", "PIL.Image"])
+def test_a_sweep_missing_a_report_package_stops_before_timing(
+    missing: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """The report's packages load only when it is written: a sweep checks them first, so an hour
+    of timing never ends in an ImportError."""
+    import harness.sweep
+
+    monkeypatch.setitem(sys.modules, missing, None)  # import raises ImportError
+    timed = []
+    monkeypatch.setattr(harness.sweep, "run_sweep", lambda *a, **kw: timed.append(a))
+    argv = ["sweep", "--device", "cpu", "--grid", "quick", "--impls", "oracle", "--case-filter", "P4096"]
+    assert cli_main([*argv, "--out", str(tmp_path / "run")]) == 2
+    assert "the report cannot be written" in capsys.readouterr().err
+    assert not timed and not (tmp_path / "run").exists()
