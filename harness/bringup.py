@@ -396,8 +396,11 @@ def write_record(out_dir: Path, record: dict[str, Any]) -> None:
 
 
 def merge_steps(previous: list[dict[str, Any]], current: list[StepRecord]) -> list[dict[str, Any]]:
-    """The steps in plan order: this run's where it has one, the previous record's otherwise."""
-    ours = {s.name: asdict(s) for s in current}
+    """The steps in plan order: this run's where it has run one (or has one the previous record
+    lacks), the previous record's otherwise. A resumed run that stops early so keeps what the
+    earlier run recorded for the steps it did not reach, which still match their logs."""
+    theirs_names = {s["name"] for s in previous}
+    ours = {s.name: asdict(s) for s in current if s.status != "not-run" or s.name not in theirs_names}
     theirs = {s["name"]: s for s in previous}
     names = [*STEP_NAMES, *(n for n in [*theirs, *ours] if n not in STEP_NAMES)]
     return [ours.get(n) or theirs[n] for n in dict.fromkeys(names) if n in ours or n in theirs]
@@ -411,6 +414,29 @@ def _report_dirs() -> set[str]:
     if not REPORTS_DIR.is_dir():
         return set()
     return {p.name for p in REPORTS_DIR.iterdir() if p.is_dir()}
+
+
+# How long a stopped step has to clean up after Ctrl-C before it is killed: a sweep over several
+# GPUs stops its workers (each in a session of its own, out of the step's process group's reach)
+# and removes their files; a test run ends its test.
+STOP_GRACE_S = 30.0
+
+
+def stop_step(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> int:
+    """Stop a step's process group: Ctrl-C (SIGINT) first, so that the step cleans up as it does
+    for a user's Ctrl-C, then SIGKILL after ``grace_s`` (or at once on a second Ctrl-C). A group
+    started in a session of its own gets no terminal's Ctrl-C, so it is sent here. Returns its
+    exit status."""
+    for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            return proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        except KeyboardInterrupt:  # the user asked twice: no more grace
+            continue
+    return proc.wait()
 
 
 def run_step(
@@ -434,15 +460,11 @@ def run_step(
             rec.rc = proc.wait(timeout=limit)
             rec.status = "passed" if rec.rc == 0 else "failed"
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            rec.rc = proc.wait()
+            rec.rc = stop_step(proc)
             rec.status = "timed-out"
-            rec.reason = f"killed after {limit:.0f} s (--step-timeout)"
+            rec.reason = f"stopped after {limit:.0f} s (--step-timeout)"
         except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            stop_step(proc)
             raise
     rec.seconds = round(time.monotonic() - start, 1)
     rec.reports = sorted(_report_dirs() - before - {out_dir.name})

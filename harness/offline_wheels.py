@@ -25,6 +25,7 @@ The command is also written to ``DEST/INSTALL.txt``.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -32,6 +33,8 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+from harness.results import atomic_write_text
 
 SGLANG_VERSION = "0.5.23"
 # Imported, directly or through sglang's package __init__, when sglang's extend_attention
@@ -126,40 +129,49 @@ def strip_binaries(wheel: Path) -> list[str]:
     """
     tmp = wheel.with_suffix(".tmp")
     dropped = []
-    with zipfile.ZipFile(wheel) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zout:
-        infos = zin.infolist()
-        dropped = [i.filename for i in infos if re.search(r"\.so(\.[\d.]+)?$", i.filename)]
-        for info in infos:
-            if info.filename in dropped:
-                continue
-            data = zin.read(info)
-            if info.filename.endswith(".dist-info/RECORD"):
-                lines = data.decode().splitlines(keepends=True)
-                data = "".join(line for line in lines if line.split(",", 1)[0] not in dropped).encode()
-            zout.writestr(info, data)
-    tmp.replace(wheel)
+    try:
+        with zipfile.ZipFile(wheel) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zout:
+            infos = zin.infolist()
+            dropped = [i.filename for i in infos if re.search(r"\.so(\.[\d.]+)?$", i.filename)]
+            for info in infos:
+                if info.filename in dropped:
+                    continue
+                data = zin.read(info)
+                if info.filename.endswith(".dist-info/RECORD"):
+                    lines = data.decode().splitlines(keepends=True)
+                    data = "".join(line for line in lines if line.split(",", 1)[0] not in dropped).encode()
+                zout.writestr(info, data)
+        tmp.replace(wheel)
+    finally:
+        tmp.unlink(missing_ok=True)
     return dropped
 
 
 def fetch(dest: Path, python_version: str, platform: str, sglang_version: str, strip: bool) -> list[Path]:
-    """Download the wheels into ``dest`` (see the module docstring); returns them, sorted."""
+    """Download the wheels into ``dest`` (see the module docstring); returns them, sorted. They are
+    downloaded (and stripped) beside it first: a download that fails leaves ``dest``'s earlier
+    wheels as they were."""
     dest.mkdir(parents=True, exist_ok=True)
-    for old in dest.glob("*.whl"):
-        old.unlink()
-    with tempfile.TemporaryDirectory() as tmp:
-        stage = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix=".wheels-", dir=dest) as tmp:
+        stage = Path(tmp) / "download"
+        ready = Path(tmp) / "ready"
+        ready.mkdir()
         pip_download([f"sglang=={sglang_version}"], stage, python_version, platform, no_deps=True)
         pip_download(list(KERNEL_IMPORT_DEPS + RUNNER_DEPS), stage, python_version, platform, no_deps=False)
         for wheel in sorted(stage.glob("*.whl")):
             if wheel_distribution(wheel) not in ON_GPU_BOX | NEVER_IMPORTED:
-                shutil.move(wheel, dest / wheel.name)
-    wheels = sorted(dest.glob("*.whl"))
-    if strip:
-        (sglang,) = [w for w in wheels if wheel_distribution(w) == "sglang"]
-        dropped = strip_binaries(sglang)
-        print(f"stripped {len(dropped)} compiled extension(s) from {sglang.name}: {', '.join(dropped)}")
-    (dest / "INSTALL.txt").write_text(INSTALL_COMMAND.format(dest=dest.as_posix()) + "\n")
-    return wheels
+                shutil.move(wheel, ready / wheel.name)
+        if strip:
+            (sglang,) = [w for w in ready.glob("*.whl") if wheel_distribution(w) == "sglang"]
+            dropped = strip_binaries(sglang)
+            print(f"stripped {len(dropped)} compiled extension(s) from {sglang.name}: {', '.join(dropped)}")
+        # every wheel is here: only now the earlier set goes
+        for old in dest.glob("*.whl"):
+            old.unlink()
+        for wheel in sorted(ready.glob("*.whl")):
+            os.replace(wheel, dest / wheel.name)
+    atomic_write_text(dest / "INSTALL.txt", INSTALL_COMMAND.format(dest=dest.as_posix()) + "\n")
+    return sorted(dest.glob("*.whl"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,7 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m harness.offline_wheels", description=__doc__.splitlines()[0]
     )
     parser.add_argument(
-        "--dest", type=Path, default=Path(".whl"), help="folder for the wheels (emptied of *.whl)"
+        "--dest",
+        type=Path,
+        default=Path(".whl"),
+        help="folder for the wheels (its earlier *.whl replaced once every wheel is downloaded)",
     )
     parser.add_argument("--python-version", default="3.12", help="of the GPU box (default 3.12)")
     parser.add_argument(

@@ -12,8 +12,10 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -208,7 +210,7 @@ def test_every_step_runs_and_is_recorded_even_after_a_failure(reports, capsys) -
     assert steps["parity"]["reports"] == ["20990101T000000-parity-x-1234567"]
     assert (
         steps["sweep"]["status"] == "timed-out"
-        and steps["sweep"]["reason"] == "killed after 3 s (--step-timeout)"
+        and steps["sweep"]["reason"] == "stopped after 3 s (--step-timeout)"
     )
     assert steps["ab-shape-32"]["status"] == "passed"  # the probe said auto takes small here
     assert steps["tp"]["status"] == "skipped" and "needs 2 GPUs" in steps["tp"]["reason"]
@@ -657,6 +659,50 @@ def test_an_interrupted_run_records_the_step_it_stopped_in(reports, monkeypatch)
         "not-run",
     ]
     assert "1 interrupted" in (out / "README.md").read_text()
+
+
+def test_a_resumed_run_stopped_early_keeps_the_earlier_record_of_the_steps_it_did_not_reach(
+    reports, monkeypatch
+) -> None:
+    out = reports / "run"
+    steps = _steps(reports)[:4]
+    bringup.main(_args(out=str(out), step_timeout=3), box=Box(gpus=1), python=sys.executable, steps=steps)
+    first = {s["name"]: s for s in json.loads((out / "bringup.json").read_text())["steps"]}
+    assert first["parity"]["status"] == "passed" and first["sweep"]["status"] == "timed-out"
+
+    def interrupt(step, *a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bringup, "run_step", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        bringup.main(_args(out=str(out)), box=Box(gpus=1), python=sys.executable, steps=steps)
+    again = {s["name"]: s for s in json.loads((out / "bringup.json").read_text())["steps"]}
+    assert again["build"]["status"] == "interrupted"
+    # not "not-run": the earlier run's results for them stand, beside their logs
+    assert [again[n] for n in ("gpu-tests", "parity", "sweep")] == [
+        first[n] for n in ("gpu-tests", "parity", "sweep")
+    ]
+
+
+def test_a_stopped_step_gets_ctrl_c_first_and_cleans_up(tmp_path) -> None:
+    """A step's group is in a session of its own (no terminal Ctrl-C reaches it): stop_step sends
+    SIGINT so that it cleans up as for a user's Ctrl-C (a sharded sweep stops its workers), and
+    SIGKILL only to one that does not end within the grace."""
+    cleaned = tmp_path / "cleaned"
+    code = (
+        "import pathlib, sys, time\n"
+        "try:\n    print('ready', flush=True); time.sleep(60)\n"
+        f"except KeyboardInterrupt:\n    pathlib.Path({str(cleaned)!r}).write_text('yes'); sys.exit(130)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout.readline().strip() == b"ready"
+    assert bringup.stop_step(proc, grace_s=30) == 130 and cleaned.read_text() == "yes"
+    deaf = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)\n"
+    proc = subprocess.Popen([sys.executable, "-c", deaf], stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout.readline().strip() == b"ready"
+    start = time.monotonic()
+    assert bringup.stop_step(proc, grace_s=0.5) == -signal.SIGKILL
+    assert time.monotonic() - start < 10
 
 
 def test_paths_inside_the_checkout_are_shown_relative_to_it(tmp_path) -> None:

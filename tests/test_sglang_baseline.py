@@ -268,3 +268,35 @@ def test_platform_tags_include_every_older_manylinux() -> None:
     )
     assert {"manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"} <= set(tags)
     assert "manylinux_2_35_x86_64" not in tags
+
+
+def test_a_failed_wheel_download_leaves_the_earlier_wheels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dest = tmp_path / "whl"
+    dest.mkdir()
+    (dest / "old-1.0-py3-none-any.whl").write_bytes(b"the earlier set")
+
+    def no_network(requirements: list[str], stage: Path, *args: object, **kwargs: object) -> None:
+        stage.mkdir(parents=True, exist_ok=True)
+        (stage / "sglang-0.5.23-py3-none-any.whl").write_bytes(b"half")
+        raise subprocess.CalledProcessError(1, ["pip", "download"])
+
+    monkeypatch.setattr(offline_wheels, "pip_download", no_network)
+    with pytest.raises(subprocess.CalledProcessError):
+        offline_wheels.fetch(dest, "3.12", "manylinux_2_34_x86_64", "0.5.23", strip=False)
+    assert sorted(p.name for p in dest.iterdir()) == ["old-1.0-py3-none-any.whl"]
+
+    def downloads(requirements: list[str], stage: Path, *args: object, **kwargs: object) -> None:
+        stage.mkdir(parents=True, exist_ok=True)
+        name = (
+            "sglang-0.5.23-py3-none-any.whl"
+            if requirements[0].startswith("sglang")
+            else "tqdm-4.0-py3-none-any.whl"
+        )
+        (stage / name).write_bytes(b"new")
+
+    monkeypatch.setattr(offline_wheels, "pip_download", downloads)
+    got = offline_wheels.fetch(dest, "3.12", "manylinux_2_34_x86_64", "0.5.23", strip=False)
+    assert [p.name for p in got] == ["sglang-0.5.23-py3-none-any.whl", "tqdm-4.0-py3-none-any.whl"]
+    assert sorted(p.name for p in dest.iterdir()) == ["INSTALL.txt", *(p.name for p in got)]
