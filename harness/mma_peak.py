@@ -29,6 +29,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -110,7 +111,7 @@ def build(arch: str, nvcc: str | None = None) -> Path:
         done = _run(nvcc_command(nvcc, arch, partial), f"nvcc for sm_{arch}", NVCC_TIMEOUT_S)
         if done.returncode != 0:
             raise MmaPeakError(f"nvcc failed for sm_{arch} (exit {done.returncode}):\n{done.stderr.strip()}")
-    except MmaPeakError:
+    except BaseException:  # nvcc's error, or Ctrl-C: no partial binary stays behind
         partial.unlink(missing_ok=True)
         raise
     os.replace(partial, binary)  # a build cut short never leaves a binary behind
@@ -242,7 +243,17 @@ def main(args: argparse.Namespace) -> int:
         "best": {"tflops": best.tflops, "of_matmul": best.of_matmul, "run": best.run},
         "best_by_mode": {str(m): vars(best_run(runs, m)) for m in sorted({r["mode"] for r in runs})},
     }
-    atomic_write_text(out_dir / OUTPUT_FILE, json.dumps(record, indent=1) + "\n")
+    text = json.dumps(record, indent=1) + "\n"
+    try:
+        atomic_write_text(out_dir / OUTPUT_FILE, text)
+    except OSError as e:  # the folder was checked before the build; it may have filled up since
+        kept = Path(tempfile.mkdtemp(prefix="verify-attention-unwritten-")) / OUTPUT_FILE
+        kept.write_text(text)
+        print(
+            f"error: {out_dir / OUTPUT_FILE}: not written ({e.strerror or e}); the record is kept in {kept}",
+            file=sys.stderr,
+        )
+        return 2
     print(f"{'mode':>4} {'acc':>3} {'warps':>5} {'ctas/SM':>7} {'TFLOP/s':>8} {'of matmul':>9}")
     for r in runs:
         print(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -223,8 +224,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config {name}: {cfg}")
     problems = check(kernels, configs)
     if args.json:
-        args.json.write_text(json.dumps({"kernels": [asdict(k) for k in kernels], "configs": configs,
-                                         "problems": problems}, indent=1))  # fmt: skip
+        report = json.dumps(
+            {"kernels": [asdict(k) for k in kernels], "configs": configs, "problems": problems}, indent=1
+        )
+        partial = args.json.with_name(f".{args.json.name}.{os.getpid()}.tmp")
+        try:  # whole or not at all: a CI step may read it after a cut-short run
+            partial.write_text(report)
+            os.replace(partial, args.json)
+        finally:
+            partial.unlink(missing_ok=True)
     for p in problems:
         print(f"FAIL: {p}", file=sys.stderr)
     print(
