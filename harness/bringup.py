@@ -575,7 +575,9 @@ def invocation(args: argparse.Namespace) -> str:
 
 
 def _names(text: str | None) -> list[str] | None:
-    return [x.strip() for x in text.split(",") if x.strip()] if text else None
+    """The step names of ``--only``/``--skip``; None without the option (an empty value is an
+    empty list: ``--only ''`` selects no step, and is refused, rather than every step)."""
+    return [x.strip() for x in text.split(",") if x.strip()] if text is not None else None
 
 
 def main(

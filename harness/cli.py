@@ -32,11 +32,13 @@ COMMANDS = (
 
 
 def shown(path: Path | str) -> Path:
-    """``path`` as a command prints it: relative to the repository root when inside it (so logs
-    and records name ``reports/...``, not the machine's checkout), else as given."""
-    with contextlib.suppress(ValueError):
-        return Path(path).resolve().relative_to(REPO_ROOT)
-    return Path(path)
+    """``path`` as a command prints it, a path that works from where the command ran: relative
+    to the current folder when inside it (run from the repository root, as the sessions are, logs
+    and records name ``reports/...``, not the machine's checkout), else in full."""
+    resolved = Path(path).resolve()
+    with contextlib.suppress(ValueError, OSError):
+        return resolved.relative_to(Path.cwd().resolve())
+    return resolved
 
 
 def positive_number(what: str) -> Callable[[str], float]:

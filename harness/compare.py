@@ -105,7 +105,7 @@ import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -1240,6 +1240,7 @@ def _report(
             raise CompareError(
                 f"{base.label} and {head.label} have no case or parity row in common"
                 + (f" among --impls {','.join(args.impls)}" if args.impls else "")
+                + "".join(f" ({note})" for note in c.notes if note.startswith("timings are compared only"))
                 + ": the comparison would vouch for nothing"
             )
         print(format_terminal(c))
@@ -1291,6 +1292,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.history is not None:
+            if not str(args.history):
+                raise CompareError(
+                    "--history is empty; expected the reports folder (an empty path would mean the current folder)"
+                )
             if args.base or args.head:
                 raise CompareError("--history takes no BASE/HEAD arguments; give one or the other")
             history = Path(args.history)
@@ -1343,13 +1348,18 @@ def parse_min_change(text: str) -> float:
     return value
 
 
-def _impl_list(text: str) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError(
-            f"--impls must list implementation names separated by commas, got {text!r}"
-        )
-    return names
+def _impl_list(option: str) -> Callable[[str], list[str]]:
+    """The parser of ``option``'s comma-separated implementation names (its errors name it)."""
+
+    def parse(text: str) -> list[str]:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        if not names:
+            raise argparse.ArgumentTypeError(
+                f"{option} must list implementation names (or patterns) separated by commas, got {text!r}"
+            )
+        return names
+
+    return parse
 
 
 def register_cli(sub: Any) -> None:
@@ -1374,10 +1384,12 @@ def register_cli(sub: Any) -> None:
         default=DEFAULT_MIN_CHANGE,
         help=f"minimum median change counted as SLOWER/FASTER (default {DEFAULT_MIN_CHANGE})",
     )
-    p.add_argument("--impls", type=_impl_list, default=None, help="only these implementations (a,b)")
+    p.add_argument(
+        "--impls", type=_impl_list("--impls"), default=None, help="only these implementations (a,b)"
+    )
     p.add_argument(
         "--gate-impls",
-        type=_impl_list,
+        type=_impl_list("--gate-impls"),
         default=None,
         help="count timing regressions only for these implementations (a,b; shell patterns such as "
         "'verify-attn-cuda*' match names); all verdicts still shown",

@@ -195,7 +195,30 @@ def main(argv: list[str] | None = None) -> int:
         help="drop sglang's compiled extensions (not used by the kernel)",
     )
     args = parser.parse_args(argv)
-    wheels = fetch(args.dest, args.python_version, args.platform, args.sglang_version, args.strip_binaries)
+    if not str(args.dest) or (args.dest.exists() and not args.dest.is_dir()):
+        print(
+            f"error: --dest {str(args.dest)!r}: expected a folder for the wheels (created if missing)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        wheels = fetch(
+            args.dest, args.python_version, args.platform, args.sglang_version, args.strip_binaries
+        )
+    except subprocess.CalledProcessError as e:
+        print(
+            f"error: pip download failed (exit {e.returncode}; its output above says why: the network, or "
+            f"no wheel of --sglang-version {args.sglang_version} for Python {args.python_version} on "
+            f"{args.platform}); {args.dest}'s earlier wheels are as they were",
+            file=sys.stderr,
+        )
+        return 1
+    except OSError as e:
+        print(
+            f"error: --dest {args.dest}: {e.strerror or e}; its earlier wheels are as they were",
+            file=sys.stderr,
+        )
+        return 1
     total = sum(w.stat().st_size for w in wheels)
     for w in wheels:
         print(f"{w.stat().st_size / 2**20:7.2f} MiB  {w.name}")

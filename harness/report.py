@@ -50,6 +50,7 @@ from harness.cli import held_results, positive_number
 from harness.compare import CompareError, RunKey, run_key, tracked_results
 from harness.results import (
     RESULTS_FILE,
+    RESULTS_GZ,
     SWEEP_PARAMS_REQUIRED,
     Results,
     ResultsError,
@@ -918,20 +919,34 @@ def _main_prune(root: Path) -> int:
     return 0
 
 
-def _print_each_run(paths: Sequence[str], show: Callable[[Path, Results], str]) -> int:
+def _print_each_run(
+    paths: Sequence[str],
+    show: Callable[[Path, Results], str],
+    wanted: Callable[[Results], bool] = lambda results: True,
+) -> int:
     """``show(path, results)`` printed for every results file under ``paths``; 2 when a path
-    holds none or a file cannot be read (named on stderr), else 0."""
+    holds none or a file cannot be read (named on stderr), else 0. A run found below a folder of
+    runs that is not ``wanted`` (a parity run where sweeps are shown) is passed over; one named
+    itself is shown, and ``show`` says what is wrong with it."""
     status = 0
     for root in paths:
         try:
             files = _run_files(Path(root))
             if not files:
                 raise ResultsError(f"{root}: no results.json (or results.json.gz) found")
-            for json_path in files:
-                print(show(json_path, load_results(json_path)))
         except ResultsError as e:
             print(f"error: {e}", file=sys.stderr)
             status = 2
+            continue
+        named = Path(root).resolve()
+        for json_path in files:
+            try:
+                results = load_results(json_path)
+                if named in (json_path.resolve(), json_path.parent.resolve()) or wanted(results):
+                    print(show(json_path, results))
+            except ResultsError as e:
+                print(f"error: {e}", file=sys.stderr)
+                status = 2
     return status
 
 
@@ -951,7 +966,7 @@ def _main_targets(paths: Sequence[str], peak_tflops: float) -> int:
             )
         return f"{path}:\n\n{targets_markdown(results, peak_tflops, rows)}\n"
 
-    return _print_each_run(paths, show)
+    return _print_each_run(paths, show, wanted=lambda results: bool(results.sweep))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -962,6 +977,13 @@ def main(args: argparse.Namespace) -> int:
     ]
     if len(commands) > 1:
         print(f"error: {' and '.join(commands)} are separate commands; give one", file=sys.stderr)
+        return 2
+    if "" in (args.paths or []) or args.prune == "":
+        print(
+            f"error: {'--prune' if args.prune == '' else 'a path'} is empty; expected a results.json, a run folder or a folder of runs "
+            "(an empty path would mean the current folder)",
+            file=sys.stderr,
+        )
         return 2
     if args.at_peak is not None and not args.targets:
         print("error: --at-peak goes with --targets", file=sys.stderr)
@@ -991,12 +1013,20 @@ def main(args: argparse.Namespace) -> int:
         return 2
     status = 0
     pages: dict[Path, list[Path]] = {}  # page -> the results files that would write it
+    pruned = 0
     for root in args.paths:
         try:
             files = _run_files(Path(root))
             if not files:
                 raise ResultsError(f"{root}: no results.json (or results.json.gz) found")
+            named = Path(root).resolve()
             for json_path in files:
+                if json_path.name == RESULTS_GZ and named not in (
+                    json_path.resolve(),
+                    json_path.parent.resolve(),
+                ):
+                    pruned += 1  # a folder of runs: its pruned runs stay without their page
+                    continue
                 same = pages.setdefault(page_of(json_path).resolve(), [])
                 if json_path.resolve() not in (p.resolve() for p in same):
                     same.append(json_path)
@@ -1012,6 +1042,11 @@ def main(args: argparse.Namespace) -> int:
         )
     if clashes:
         return 2  # before any page is written: which one would be left there is an accident
+    if pruned:
+        print(
+            f"{pruned} pruned run(s) (results.json.gz, no page: `report --prune`) left as they are; "
+            "name a run's folder to render its page"
+        )
     for page, (json_path,) in pages.items():
         try:
             print(f"wrote {rerender(json_path)}")

@@ -1173,7 +1173,7 @@ def _main_sharded(args: argparse.Namespace, opts: SweepOptions) -> int:
             cost = sum(estimated_seconds(c, refs, opts.grid.reference_max_gflop) for c in cases)
             print(f"shard {k}/{n} on {_slot_text(slots[k])}: {len(cases)} case(s), ~{cost:.0f} s estimated")
             for c in cases:
-                print(f"  {c.params.case_id}: {runs_text(c)}")
+                print(f"  {c.params.case_id}: {runs_text(c, opts.grid)}")
         return 0
     _check_can_run(opts, args.out)
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")

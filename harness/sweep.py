@@ -368,9 +368,13 @@ def parse_grid(text: str, *, name: str, source: str) -> Grid:
 
 def load_grid(grid: str) -> Grid:
     """A grid by name (``harness/grids/<name>.toml``) or by path to a TOML file."""
+    known = ", ".join(sorted(p.stem for p in GRIDS_DIR.glob("*.toml")))
+    if not grid.endswith(".toml") and ("/" in grid or os.sep in grid or Path(grid).exists()):
+        raise GridError(
+            f"--grid {grid}: not a grid name, nor a .toml file; expected a name among {known} or a .toml path"
+        )
     path = Path(grid) if grid.endswith(".toml") else GRIDS_DIR / f"{grid}.toml"
     if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in GRIDS_DIR.glob("*.toml")))
         raise GridError(f"--grid {grid}: no grid file {path}; expected a name among {known} or a .toml path")
     try:
         text = path.read_text(encoding="utf-8")
@@ -408,7 +412,14 @@ def full_plan(opts: SweepOptions) -> list[PlannedCase]:
 
 def nothing_to_time(opts: SweepOptions) -> str:
     """Why :func:`full_plan` has nothing to time, naming the option; "" when it has something."""
-    if full_plan(opts):
+    plan = full_plan(opts)
+    if plan and all({r.impl for r in c.runs} <= untimed_references(c, opts.grid) for c in plan):
+        impls = ",".join(sorted({r.impl for c in plan for r in c.runs}))
+        return (
+            f"--impls {impls}: the reference is not timed above the grid's [reference] max_gflop = "
+            f"{opts.grid.reference_max_gflop:g} GFLOP, and every case the run keeps is above it"
+        )
+    if plan:
         return ""
     grid, case_filter = opts.grid, opts.case_filter
     cases = f"the cases --case-filter {case_filter!r} keeps" if case_filter else "its cases"
@@ -797,7 +808,7 @@ def main(args: argparse.Namespace) -> int:
         names = [n for n in registry_names() if impls is None or n in impls]
         for case in grid.plan(names, case_filter=args.case_filter, modes=timed_modes(modes, device)):
             if opts.case_ids is None or case.params.case_id in opts.case_ids:
-                print(f"{case.params.case_id}: {runs_text(case)}")
+                print(f"{case.params.case_id}: {runs_text(case, grid)}")
         return 0
     if device.type == "cuda" and not torch.cuda.is_available():
         return _error(
@@ -821,9 +832,30 @@ def main(args: argparse.Namespace) -> int:
     return write_sweep_report(results, args.out, grid.name)
 
 
-def runs_text(case: PlannedCase) -> str:
-    """``impl (mode/mode), ...``: what ``--list`` shows of a planned case."""
-    return ", ".join(f"{r.impl} ({'/'.join(r.modes)})" for r in case.runs)
+def untimed_references(case: PlannedCase, grid: Grid) -> frozenset[str]:
+    """The reference implementations a run plans for ``case`` but does not time: the case is above
+    the grid's ``[reference] max_gflop`` (the run's notes list them)."""
+    from harness.shard import case_flops  # shard imports this module
+
+    if case_flops(case.params) / 1e9 <= grid.reference_max_gflop:
+        return frozenset()
+    references = {i.name for i in registry.implementations() if i.is_reference}
+    return frozenset(r.impl for r in case.runs if r.impl in references)
+
+
+def runs_text(case: PlannedCase, grid: Grid | None = None) -> str:
+    """``impl (mode/mode), ...``: what ``--list`` shows of a planned case; with ``grid``, a
+    reference the run will not time there says so."""
+    untimed = untimed_references(case, grid) if grid is not None else frozenset()
+    return ", ".join(
+        f"{r.impl} ({'/'.join(r.modes)})"
+        + (
+            f" [not timed: above [reference] max_gflop = {grid.reference_max_gflop:g}]"
+            if r.impl in untimed
+            else ""
+        )
+        for r in case.runs
+    )
 
 
 def report_problem() -> str | None:

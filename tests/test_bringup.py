@@ -95,6 +95,7 @@ def test_an_unknown_step_name_is_an_error_naming_the_option(only, skip, message,
     [
         ("parity", "parity", "--only 'parity' --skip 'parity' selects no step"),
         (",", None, "--only '' selects no step"),
+        ("", None, "--only '' selects no step"),  # not every step
         (None, ",".join(bringup.STEP_NAMES), "--skip 'box,build,"),
     ],
 )
@@ -705,11 +706,17 @@ def test_a_stopped_step_gets_ctrl_c_first_and_cleans_up(tmp_path) -> None:
     assert time.monotonic() - start < 10
 
 
-def test_paths_inside_the_checkout_are_shown_relative_to_it(tmp_path) -> None:
+def test_paths_inside_the_checkout_are_shown_relative_to_it(tmp_path, monkeypatch) -> None:
     from harness.cli import REPO_ROOT, shown
 
+    monkeypatch.chdir(REPO_ROOT)
     assert shown(REPO_ROOT / "reports" / "x") == Path("reports/x") and shown("reports/x") == Path("reports/x")
     assert shown(tmp_path / "y") == tmp_path / "y"
+    # run from elsewhere, a printed path still names the file from there
+    monkeypatch.chdir(tmp_path)
+    assert shown(REPO_ROOT / "reports" / "x") == (REPO_ROOT / "reports" / "x").resolve()
+    assert shown(tmp_path / "y") == Path("y")
+    monkeypatch.chdir(REPO_ROOT)
     step = _by_name(bringup.plan(Box(gpus=1)))["mma-peak"]
     assert (
         bringup.command_text(step, REPO_ROOT / "reports" / "r")

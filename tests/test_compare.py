@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
@@ -435,6 +436,30 @@ def test_cpu_parity_runs_compare_parity_only(tmp_path: Path) -> None:
     c = compare.compare_results(compare.Side("a", base), compare.Side("b", head))
     assert c.timing == () and [v.verdict for v in c.parity] == [compare.SAME]
     assert any("parity only" in n for n in c.notes)
+
+
+def test_two_cpu_sweeps_are_refused_saying_timings_are_compared_between_gpu_runs_only(
+    tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both time case c, so "no case in common" alone would mislead: the reason is said."""
+    a = str(save(make_results({"c": timings(0.1, seed=1)}, gpu=None), tmp_path / "a"))
+    b = str(save(make_results({"c": timings(0.1, seed=2)}, gpu=None, sha="b" * 40), tmp_path / "b"))
+    assert run_cli(a, b, "--out", str(out_dir)) == 2
+    assert "(timings are compared only between GPU runs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--gate-impls", ""), "--gate-impls must list implementation names"),
+        (("--impls", ","), "--impls must list implementation names"),
+        (("--history", ""), "--history is empty; expected the reports folder"),
+    ],
+)
+def test_empty_option_values_are_named(argv: tuple[str, ...], message: str, out_dir: Path, capsys) -> None:
+    with contextlib.suppress(SystemExit):
+        assert run_cli(*argv, "--out", str(out_dir)) == 2
+    assert message in capsys.readouterr().err
 
 
 def with_ceilings(results: Results, tflops: float, gbs: float) -> Results:

@@ -30,7 +30,7 @@ from harness.report import (
     summary_table,
     write_run,
 )
-from harness.results import ParityRow, Results, ResultsError, load_results
+from harness.results import ParityRow, Results, ResultsError, compress_results, load_results
 
 # Pruning asks git which runs count: git must reach the tests' own folders, whatever GIT_DIR the
 # caller set.
@@ -724,3 +724,25 @@ def test_a_sweep_missing_a_report_package_stops_before_timing(
     assert cli_main([*argv, "--out", str(tmp_path / "run")]) == 2
     assert "the report cannot be written" in capsys.readouterr().err
     assert not timed and not (tmp_path / "run").exists()
+
+
+def test_rendering_a_folder_of_runs_leaves_its_pruned_runs_pruned(tmp_path: Path, capsys) -> None:
+    """``report reports/`` re-renders the runs that have a page; a pruned run (results.json.gz, no
+    page) stays pruned unless it is named itself."""
+    plain, pruned = tmp_path / "a-run", tmp_path / "b-run"
+    for run in (plain, pruned):
+        run.mkdir()
+        shutil.copy(PARITY, run / "results.json")
+    compress_results(pruned / "results.json")
+    assert cli_main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert (plain / "index.html").is_file() and not (pruned / "index.html").exists()
+    assert "1 pruned run(s)" in out
+    assert cli_main(["report", str(pruned)]) == 0
+    assert (pruned / "index.html").is_file()
+
+
+@pytest.mark.parametrize("argv", [["report", ""], ["report", "--prune", ""], ["report", "--targets", ""]])
+def test_an_empty_path_is_refused_not_taken_for_the_current_folder(argv: list[str], capsys) -> None:
+    assert cli_main(argv) == 2
+    assert "is empty; expected a results.json" in capsys.readouterr().err

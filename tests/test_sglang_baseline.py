@@ -300,3 +300,18 @@ def test_a_failed_wheel_download_leaves_the_earlier_wheels(
     got = offline_wheels.fetch(dest, "3.12", "manylinux_2_34_x86_64", "0.5.23", strip=False)
     assert [p.name for p in got] == ["sglang-0.5.23-py3-none-any.whl", "tqdm-4.0-py3-none-any.whl"]
     assert sorted(p.name for p in dest.iterdir()) == ["INSTALL.txt", *(p.name for p in got)]
+
+
+def test_the_wheel_command_says_why_a_download_failed_without_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def no_network(*args: object, **kwargs: object) -> None:
+        raise subprocess.CalledProcessError(1, ["pip", "download"])
+
+    monkeypatch.setattr(offline_wheels, "pip_download", no_network)
+    assert offline_wheels.main(["--dest", str(tmp_path / "whl")]) == 1
+    assert "pip download failed (exit 1" in capsys.readouterr().err
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    assert offline_wheels.main(["--dest", str(a_file)]) == 2
+    assert "expected a folder for the wheels" in capsys.readouterr().err

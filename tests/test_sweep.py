@@ -623,6 +623,28 @@ def test_sweep_list_with_nothing_to_list_says_why_as_a_run_would(
     assert "no case of grid cpu matches --case-filter 'nomatch'" in captured.err and captured.out == ""
 
 
+def test_sweep_list_says_where_the_reference_is_not_timed_and_a_run_of_only_those_exits_2(
+    tmp_path: Path, capsys
+) -> None:
+    """The reference (the float64 oracle) is skipped above [reference] max_gflop: --list says so
+    rather than listing a run that will not happen, and a run left with only such runs refuses."""
+    args = ["sweep", "--grid", "quick", "--device", "cpu", "--case-filter", "P65536-T16-H8-"]
+    assert cli_main([*args, "--list", "--impls", "oracle,verify-attn-cuda"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "B1-P65536-T16-H8-shuffled: verify-attn-cuda (cold), oracle (cold) [not timed: above [reference] "
+        "max_gflop = 10]"
+    ]
+    for extra in (["--list"], ["--out", str(tmp_path / "run")]):
+        assert cli_main([*args, *extra, "--impls", "oracle"]) == 2
+        captured = capsys.readouterr()
+        assert (
+            "--impls oracle: the reference is not timed above the grid's [reference] max_gflop = 10 GFLOP"
+            in captured.err
+        )
+        assert captured.out == ""
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_grid_file_that_is_not_utf8_text_is_an_error_naming_the_option(tmp_path: Path) -> None:
     grid = tmp_path / "binary.toml"
     grid.write_bytes(bytes(range(256)))
@@ -948,3 +970,9 @@ def test_progress_bar_on_a_terminal_keeps_tqdms_refresh(monkeypatch) -> None:
     pytest.importorskip("tqdm")
     interval, text = _bar_output(_Terminal(), monkeypatch)
     assert interval == 0.1 and "200/200" in text
+
+
+def test_a_grid_path_that_is_not_a_toml_file_is_named_as_given(tmp_path: Path) -> None:
+    # not "no grid file <path>.toml", a file the user never named
+    with pytest.raises(GridError, match=rf"--grid {tmp_path}: not a grid name, nor a .toml file"):
+        load_grid(str(tmp_path))

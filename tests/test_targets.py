@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -196,6 +197,22 @@ def test_report_targets_on_the_command_line(tmp_path: Path, capsys) -> None:
     assert "separate commands" in capsys.readouterr().err
     assert cli_main(["report", "--at-peak", "700", str(SWEEP)]) == 2
     assert "--at-peak goes with --targets" in capsys.readouterr().err
+
+
+def test_report_targets_on_a_folder_of_runs_passes_over_its_parity_runs(tmp_path: Path, capsys) -> None:
+    """``report --targets reports/``: the folder holds parity runs beside the sweeps; they are
+    passed over (each named alone is still the wrong run given, above), not an error that hides
+    every table."""
+    for name, source in (("a-parity", PARITY), ("b-sweep", SWEEP)):
+        (tmp_path / name).mkdir()
+        shutil.copy(source, tmp_path / name / "results.json")
+    assert cli_main(["report", "--targets", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert (
+        f"{tmp_path / 'b-sweep' / 'results.json'}:" in captured.out
+        and "| P | H | T | config |" in captured.out
+    )
+    assert "a-parity" not in captured.out + captured.err
 
 
 @pytest.mark.parametrize(("value", "message"), [("inf", "a finite number"), ("nan", "a positive number")])
