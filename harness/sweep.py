@@ -57,8 +57,8 @@ Before timing anything the sweep checks that it has something to time (a case th
 ``--case-filter`` keeps, a mode that runs on the device) and that the report's folder can be
 created and written; if not, it exits 2 naming the option and writes nothing. Implementations
 unavailable on the box are recorded in the report's ``unavailable`` list; a run whose every
-implementation is unavailable writes a report of 0 rows and exits 0 (a worker of a ``--gpus``
-run may be dealt such a shard).
+implementation is unavailable exits 2 naming each with its reason, and writes nothing (a worker
+of a ``--gpus`` run, which may be dealt such a shard, writes its 0 rows and exits 0).
 
 Exit status: 0 when every row was timed, 1 when any row is an error, 2 on bad arguments, 3 when
 a worker of a ``--gpus``/``--tp`` run failed (no report is written then).
@@ -438,6 +438,21 @@ def nothing_to_time(opts: SweepOptions) -> str:
     )
 
 
+def nothing_available(opts: SweepOptions) -> str:
+    """Why a run would time nothing on this box although its plan has runs: every implementation
+    it would time is unavailable here (each named with its reason); "" when one is available."""
+    plan = full_plan(opts)
+    wanted = {r.impl for c in plan for r in c.runs if r.impl not in untimed_references(c, opts.grid)}
+    reasons = []
+    for impl in registry.implementations():
+        if impl.name in wanted:
+            ok, reason = impl.availability(opts.device)
+            if ok:
+                return ""
+            reasons.append(f"{impl.name}: {reason}")
+    return "nothing to time on this box: " + "; ".join(reasons) if reasons else ""
+
+
 def out_problem(out: str | None) -> str:
     """Why the report's folder (``out``, else reports/) cannot be created and written, naming
     --out; "" when it can (:func:`harness.cli.check_out_dir`, before timing)."""
@@ -815,6 +830,8 @@ def main(args: argparse.Namespace) -> int:
             "--device cuda: no CUDA device is visible to torch (use --device cpu to check plumbing)"
         )
     why = nothing_to_time(opts) or out_problem(args.out) or report_problem()
+    if not why and args.shard is None:  # a worker may be dealt a share of nothing; a run is not
+        why = nothing_available(opts)
     if why:
         return _error(why)
     command = shlex.join(["python", "-m", "harness", "sweep", *command_args(args)])

@@ -976,3 +976,14 @@ def test_a_grid_path_that_is_not_a_toml_file_is_named_as_given(tmp_path: Path) -
     # not "no grid file <path>.toml", a file the user never named
     with pytest.raises(GridError, match=rf"--grid {tmp_path}: not a grid name, nor a .toml file"):
         load_grid(str(tmp_path))
+
+
+def test_a_sweep_whose_every_implementation_is_unavailable_exits_2_writing_nothing(
+    tmp_path: Path, capsys
+) -> None:
+    """An empty report with exit 0 would read as a run that passed; a worker of a --gpus run,
+    which may be dealt such a share, is the exception (tests/test_shard.py)."""
+    argv = ["sweep", "--grid", "quick", "--impls", "verify-attn-cuda", "--device", "cpu"]
+    assert cli_main([*argv, "--out", str(tmp_path / "run")]) == 2
+    assert "nothing to time on this box: verify-attn-cuda: needs a CUDA device" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
