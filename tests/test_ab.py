@@ -374,33 +374,32 @@ def test_the_report_writes_results_json_last_and_a_cut_short_one_leaves_none(
     assert str(kept) in capsys.readouterr().err and load_results(kept).sweep == results.sweep
 
 
-def test_a_comparison_that_fails_keeps_the_results_elsewhere(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("where", "error", "message"),
+    [
+        (
+            "write_html",
+            OSError(28, "No space left on device"),
+            r"cannot write the run there \(No space left on device\)",
+        ),
+        (
+            "compare_results",
+            ValueError("a comparison bug"),
+            r"the run was not written \(ValueError: a comparison bug\)",
+        ),
+    ],
+)
+def test_a_report_that_fails_mid_write_keeps_the_results_elsewhere(
+    where: str, error: Exception, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(*args: object, **kwargs: object) -> None:
-        raise ValueError("a comparison bug")
+    def fail(*args: object, **kwargs: object) -> None:
+        raise error
 
-    monkeypatch.setattr(compare, "compare_results", broken)
+    monkeypatch.setattr(compare, where, fail)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     results = ab_results(0.11)
-    with pytest.raises(ab.ABError, match=r"the run was not written \(ValueError: a comparison bug\)") as e:
-        ab.write_report(results, tmp_path / "run", min_change=0.03)
-    (kept,) = (tmp_path / "tmp").glob("verify-attention-unwritten-*/results.json")
-    assert str(kept) in str(e.value) and load_results(kept).sweep == results.sweep
-
-
-def test_a_report_folder_that_fails_mid_write_keeps_the_results_elsewhere(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def no_space(*args: object, **kwargs: object) -> None:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(compare, "write_html", no_space)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()
-    results = ab_results(0.11)
-    with pytest.raises(ab.ABError, match="cannot write the run there \\(No space left on device\\)") as e:
+    with pytest.raises(ab.ABError, match=message) as e:
         ab.write_report(results, tmp_path / "run", min_change=0.03)
     (kept,) = (tmp_path / "tmp").glob("verify-attention-unwritten-*/results.json")
     assert str(kept) in str(e.value) and load_results(kept).sweep == results.sweep
