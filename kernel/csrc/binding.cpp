@@ -237,6 +237,8 @@ int64_t planned_config(int64_t device_index, int64_t batch, int64_t num_tokens, 
   VA_CHECK(num_tokens * num_heads <= kMaxRowsOrKeys && num_kv_indices <= kMaxRowsOrKeys,
            "planned_config: num_tokens * num_heads = ", num_tokens * num_heads, " and num_kv_indices = ",
            num_kv_indices, " must each be at most ", kMaxRowsOrKeys, " (2^30), as verify_attention's");
+  // make_plan asks the driver about the kernels of the current device: make it this one.
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
   va::Plan plan{};
   const cudaError_t e = va::make_plan(static_cast<int>(device_index), static_cast<int>(batch),
                                       static_cast<int>(num_tokens), static_cast<int>(num_heads),

@@ -213,6 +213,30 @@ struct ConfigTag {
   using type = Cfg;
 };
 
+// Whether the code this device runs for `kernel` (and the combine, built alike) was compiled for
+// compute capability 9.0 or newer: `griddepcontrol` exists only there (verify_attention.cuh
+// compiles it out below). A build JIT-compiled on the device from older PTX (an 8.0+PTX build on
+// an H100) must not launch as programmatic dependents: the combine would not wait for the
+// partials. Asked once per config and device (devices 0..63; others ask every call).
+template <class Cfg>
+cudaError_t compiled_with_griddepcontrol(MainKernel kernel, int device, bool* yes) {
+  static std::atomic<uint64_t> known{0}, with{0};
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (bit != 0 && (known.load(std::memory_order_relaxed) & bit)) {
+    *yes = (with.load(std::memory_order_relaxed) & bit) != 0;
+    return cudaSuccess;
+  }
+  cudaFuncAttributes fa = {};
+  const cudaError_t e = cudaFuncGetAttributes(&fa, kernel);
+  if (e != cudaSuccess) return e;
+  *yes = fa.ptxVersion >= 90;
+  if (bit != 0) {
+    if (*yes) with.fetch_or(bit, std::memory_order_relaxed);
+    known.fetch_or(bit, std::memory_order_relaxed);
+  }
+  return cudaSuccess;
+}
+
 template <class F>
 bool with_config(int config, F&& f) {
   switch (config) {
@@ -274,7 +298,12 @@ cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int 
     return cudaErrorInvalidValue;
   // The plan names the config and its size even when the device cannot hold it (the caller's error).
   if (smem_optin < plan->smem_bytes) return cudaErrorInvalidValue;
-  plan->dependent_combine = major >= 9 ? 1 : 0;
+  bool griddepcontrol = false;
+  with_config(config, [&](auto cfg, MainKernel kernel) {
+    e = compiled_with_griddepcontrol<typename decltype(cfg)::type>(kernel, device, &griddepcontrol);
+  });
+  if (e != cudaSuccess) return e;
+  plan->dependent_combine = major >= 9 && griddepcontrol ? 1 : 0;
   return cudaSuccess;
 }
 

@@ -1312,11 +1312,19 @@ __global__ void __launch_bounds__(kGroups * kWideLanes) combine_wide_kernel(Para
   if (row >= total_rows) return;
   const CombineRow cr = combine_row<Cfg::kM>(p, row);
   const int t = threadIdx.x % kWideLanes, g = threadIdx.x / kWideLanes;
-  // The plan's entries before the wait (one L2 round trip for both, off the path after the main
-  // grid): every main kernel's CTA 0 writes them and fences before it lets this kernel launch.
-  // From L2 (`ld.global.cg`): an earlier call's values may still sit in this SM's L1.
+#ifdef VA_PLAN_BEFORE_WAIT
+  // v77's order (kernel/NOTES.md v78): the plan's entries before the wait, one L2 round trip off
+  // the path after the main grid. Every main kernel's CTA 0 writes them and fences before it lets
+  // this kernel launch, but the launch does not make them visible here: only the wait does.
   const int splits = __ldcg(p.num_splits + cr.b), base = __ldcg(p.partial_base + cr.b);
-  wait_for_primary_grid();  // before reading the partials (and, every block, before it ends)
+  wait_for_primary_grid();
+#else
+  // The plan's entries are the main kernel's output: read after the wait, which alone makes the
+  // main grid's writes visible to this one (launching it early does not). From L2
+  // (`ld.global.cg`): an earlier call's values may still sit in this SM's L1.
+  wait_for_primary_grid();  // before reading the plan and the partials (and, every block, before it ends)
+  const int splits = __ldcg(p.num_splits + cr.b), base = __ldcg(p.partial_base + cr.b);
+#endif
   if (splits == 1 || !cr.in_batch) return;  // written directly by the main kernel / no request's row
   [[maybe_unused]] const __half* parts = half_partials(p);
   [[maybe_unused]] const float* scales = half_partial_scales(p);

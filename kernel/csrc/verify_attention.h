@@ -59,7 +59,8 @@ struct Plan {
 // request: wgmma_ws_pipelined in verify_attention_sm90.cuh), else large where it fits, else
 // per call small-m32 or small (prefer_small_m32 in verify_attention.cuh: rows, KV indices and the
 // SM count). num_kv_indices: K, the call's KV index count. max_partials: the SM count the call is
-// laid out for (the split plan and the shape rule), <= 0 for the device's own.
+// laid out for (the split plan and the shape rule), <= 0 for the device's own. `device` must be the
+// current device (the plan asks the driver what code its kernels run there).
 cudaError_t make_plan(int device, int batch, int num_tokens, int num_heads, int num_kv_indices, int config,
                       int max_partials, Plan* plan);
 cudaError_t launch(const Args& args, const Plan& plan, cudaStream_t stream);
