@@ -193,6 +193,20 @@ def test_unavailable_and_erroring_implementations_are_reported(bundle: Loader) -
     assert parity.verdict(rows, with_mutations=False)[0] == 1
 
 
+def test_a_run_checks_each_implementation_s_lse_end_to_end(bundle: Loader) -> None:
+    """Through run_parity, as `nox -s parity` runs: an output exactly the goldens' with an lse
+    2e-3 off (twice DESIGN.md's 1e-3) fails, and its lse error is recorded; the exact lse passes."""
+    golden = bundle("smoke")
+    exact = fake("exact", run=lambda: (golden.golden_out.clone(), golden.golden_lse.clone()))
+    off = fake("lse-off", run=lambda: (golden.golden_out.clone(), golden.golden_lse + 2e-3))
+    rows, _ = parity.run_parity(["smoke"], [exact, off], torch.device("cpu"), log=lambda *_: None)
+    by_impl = {r.impl: r for r in rows}
+    assert by_impl["exact"].status == "pass" and by_impl["exact"].max_lse_abs_err == 0
+    assert by_impl["lse-off"].status == "fail" and "lse" in by_impl["lse-off"].reason
+    assert by_impl["lse-off"].max_lse_abs_err == pytest.approx(2e-3, rel=1e-3)
+    assert by_impl["lse-off"].max_rel_err == 0  # the out alone would have passed
+
+
 def row(impl: str, status: str, bundle: str = "smoke") -> ParityRow:
     return ParityRow(bundle=bundle, impl=impl, status=status)
 
@@ -261,6 +275,7 @@ def test_parity_command_writes_results_and_exits_zero(
         ("smoke", "oracle", "pass"),
         ("ddtree", "oracle", "pass"),
     ]
+    assert all(r.max_lse_abs_err is not None for r in results.parity)  # the lse was compared
     assert (tmp_path / "index.html").is_file()
     assert json.loads((tmp_path / "results.json").read_text())["kind"] == "parity"
     assert "smoke" in capsys.readouterr().out

@@ -127,6 +127,16 @@ def test_case_bytes_and_flops_equal_those_of_the_built_batch(params: CaseParams)
     assert shard.case_flops(params) == batch.flops()
 
 
+def test_bytes_and_flops_are_design_md_s_numbers_for_one_case_worked_by_hand() -> None:
+    """Both sides of the test above could drift together: pinned to DESIGN.md section 5 here.
+    B=1, P=1000, T=16, H=8: FLOPs = 2 * H * T * (P + T) * (576 + 512) = 2 * 8 * 16 * 1016 * 1088;
+    bytes = KV rows once (1016 x 576 x 2) + q (16 x 8 x 576 x 2) + out (16 x 8 x 512 x 2)."""
+    params = CaseParams(1, 1000, 8, 16)
+    batch = build_batch(params, "cpu")
+    assert shard.case_flops(params) == batch.flops() == 282_984_448
+    assert shard.case_bytes(params) == batch.min_bytes() == 1_170_432 + 147_456 + 131_072 == 1_448_960
+
+
 def test_cost_grows_with_the_prefix_and_leaves_out_the_reference_above_its_cap() -> None:
     plan = {c.params.case_id: c for c in _opts(("kernel", "ref")).grid.plan(["kernel", "ref"])}
     short, long = plan["B1-P64-T4-H8-shuffled"], plan["B1-P256-T4-H8-shuffled"]

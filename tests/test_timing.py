@@ -149,6 +149,47 @@ def test_measure_stops_at_min_samples_once_the_median_is_stable() -> None:
     assert t.cold_l2.startswith("flush")
 
 
+def test_ceilings_count_a_copy_as_read_and_write_and_a_matmul_as_2n_cubed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ceilings' arithmetic on known times: a copy of 1 GiB in 1 ms moves 2 GiB (2147.48 GB/s);
+    a 1024^3 matmul in 1 ms does 2 x 1024^3 FLOPs (2.147 TFLOP/s)."""
+    import types
+
+    import harness.roofline
+
+    def timing(ms: float) -> object:
+        return types.SimpleNamespace(median_ms=ms, stats=types.SimpleNamespace(n=10), cold_l2="flush")
+
+    monkeypatch.setattr(harness.roofline, "_time_copy", lambda *a: timing(1.0))
+    monkeypatch.setattr(harness.roofline, "_time_matmul", lambda *a: timing(1.0))
+    monkeypatch.setattr(harness.roofline, "_time_empty_kernel", lambda *a: timing(0.004))
+    c = measure_ceilings("cpu", copy_bytes=2**30, matmul_n=1024)
+    assert c.copy_bandwidth_gbs == pytest.approx(2 * 2**30 / 1e-3 / 1e9) == pytest.approx(2147.483648)
+    assert c.bf16_tflops == pytest.approx(2 * 1024**3 / 1e-3 / 1e12) == pytest.approx(2.147483648)
+    assert c.empty_kernel_ms == 0.004
+    # and the floor of a case is the slower of the two at those rates
+    assert floor_ms(2_147_483_648, 0, c) == pytest.approx(1.0)
+    assert floor_ms(0, 2_147_483_648, c) == pytest.approx(1.0)
+
+
+def test_every_cold_sample_follows_a_flush_of_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DESIGN.md's cold L2: a flush before each timed call (and each warm-up), not a label."""
+    import harness.timing
+
+    log: list[str] = []
+    flush = harness.timing.L2Flush.__call__
+    monkeypatch.setattr(
+        harness.timing.L2Flush, "__call__", lambda self: (log.append("flush"), flush(self))[1]
+    )
+    t = measure(
+        lambda: log.append("call"), device="cpu", warmup=2, min_samples=6, max_samples=6, rel_ci=10.0,
+        l2_bytes=SMALL_FLUSH,
+    )  # fmt: skip
+    assert len(t.samples_ms) == 6 and log.count("call") >= 6 + 2
+    assert log == ["flush", "call"] * (len(log) // 2), log
+
+
 def test_measure_keeps_sampling_up_to_max_samples_while_unstable() -> None:
     # calls alternate between ~0 and 2 ms: the median's interval never gets within 1 %
     durations = iter([0.0, 0.002] * 100)
