@@ -72,7 +72,10 @@ def verify_attention(
                           the indptrs, the tree mask and kv_indices' min and max to the host (a
                           sync), so it is skipped while the stream is captured into a CUDA graph;
                           pass False in hot loops once the inputs are known good. Shape, dtype
-                          and device checks always run.
+                          and device checks always run. Only this stream's capture is seen: while
+                          another thread captures a graph in the global capture mode (the
+                          default of torch.cuda.graph), the copy would invalidate that capture,
+                          so pass False there.
                           Unvalidated, kv_indices, tree_mask and q may run past their indptrs'
                           last entries (over-allocated buffers): the kernel reads only what the
                           indptrs address, and rows of out and lse past qo_indptr[-1] are not
@@ -113,6 +116,11 @@ def verify_attention(
     Returns:
         (out [N, H, 512] bf16, lse [N, H] fp32): lse is the natural log of each row's softmax
         denominator, for merging with other attention states.
+
+    Every CTA plans its work from the indptrs (no planning launch, nothing on the host): a batch
+    of B requests costs each of a CTA's 128-384 threads ~B / threads reads a pass of the plan's
+    bisection, nothing at the batches of verify (B up to ~1k); at tens of thousands of requests
+    the plan would dominate the call.
 
     No data-dependent allocation, and no host synchronisation once validation is off
     (``validate=False``, or while a CUDA graph is being captured): the call can be captured in a
