@@ -428,7 +428,7 @@ def merge_shards(
     rows.sort(key=lambda r: order.get(r.case_id, len(order)))
     note = (
         f"sharded over {len(parts)} workers ({', '.join(_slot_text(p.slot) for p in parts)}), one process "
-        "per GPU; each case ran whole on one GPU (rows: gpu_index, gpu_uuid)"
+        "each; each case ran whole in one worker (rows: gpu_index, gpu_uuid)"
     )
     return _merged_results(parts, rows, note, created_utc, command)
 
