@@ -182,5 +182,29 @@ def test_ddtree_is_best_first_over_per_depth_marginals() -> None:
     assert max(len(k) for k in tree.children(parents)) <= 8
 
 
+def test_best_first_takes_the_most_likely_paths_of_the_marginals() -> None:
+    """The tree of n nodes holds the n - 1 most likely paths (products of per-depth marginals),
+    checked against every path enumerated by brute force."""
+    import itertools
+
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    depth_probs = [np.sort(rng.dirichlet(np.ones(3)))[::-1] for _ in range(3)]
+    paths = [p for d in (1, 2, 3) for p in itertools.product(range(3), repeat=d)]
+    prob = {p: float(np.prod([depth_probs[d][r] for d, r in enumerate(p)])) for p in paths}
+    for n in (2, 5, 10, 20):
+        parents = tree._best_first(n, depth_probs, branch=3)
+        kids = tree.children(parents)
+        # a node's k-th child (index order) is its k-th most likely: siblings are taken in that order
+        path = {0: ()}
+        for node, ks in enumerate(kids):
+            for rank, child in enumerate(ks):
+                path[child] = (*path[node], rank)
+        chosen = {path[i] for i in range(1, n)}
+        best = set(sorted(paths, key=lambda p: -prob[p])[: n - 1])
+        assert chosen == best, n
+
+
 def test_children_in_index_order() -> None:
     assert tree.children((-1, 0, 0, 1, 0)) == [[1, 2, 4], [3], [], [], []]
