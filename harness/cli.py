@@ -111,6 +111,11 @@ def check_run_out_dir(out: Path | str | None, reports: Path) -> Path | None:
                 f"--out {out} already holds a run ({held.name}), which this run would replace; "
                 "expected a new folder: pick another"
             )
+        if str(out) and (Path(out) / "index.html").exists():  # the run's page would go there
+            raise ValueError(
+                f"--out {out} already holds an index.html (a page of its own, or of a run cut short), "
+                "which the run's page would replace; expected a new folder: pick another"
+            )
         return check_out_dir(out)
     check_out_dir(reports, "no --out: the reports folder")
     return None

@@ -429,7 +429,7 @@ def test_write_run_into_a_folder_holding_a_run_leaves_it_as_it_was(
     assert str(kept) in str(e.value)
 
 
-@pytest.mark.parametrize("held", ["results.json", "results.json.gz", None])
+@pytest.mark.parametrize("held", ["results.json", "results.json.gz", "index.html", None])
 def test_a_sweep_refuses_an_out_holding_a_run_or_empty_before_timing(
     held: str | None, tmp_path: Path, capsys
 ) -> None:
@@ -442,7 +442,10 @@ def test_a_sweep_refuses_an_out_holding_a_run_or_empty_before_timing(
     argv = ["sweep", "--device", "cpu", "--grid", "quick", "--impls", "oracle", "--case-filter", "P4096"]
     assert cli_main([*argv, "--out", str(run) if held else ""]) == 2
     err = capsys.readouterr().err
-    assert (f"--out {run} already holds a run ({held})" if held else "--out is empty") in err
+    if held == "index.html":
+        assert f"--out {run} already holds an index.html" in err
+    else:
+        assert (f"--out {run} already holds a run ({held})" if held else "--out is empty") in err
     assert [p.name for p in run.iterdir()] == ([held] if held else [])
 
 
