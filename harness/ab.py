@@ -639,6 +639,13 @@ def _rounds(text: str) -> int:
     return value
 
 
+def _out_folder(text: str) -> Path:
+    """``--out``: a folder; an empty value (which Path reads as the current folder) is refused."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected the run's folder (created if missing), got ''")
+    return Path(text)
+
+
 def register_cli(sub: Any) -> None:
     p = sub.add_parser(
         "ab",
@@ -678,5 +685,7 @@ def register_cli(sub: Any) -> None:
         default=compare.DEFAULT_MIN_CHANGE,
         help=f"minimum effect for SLOWER/FASTER (default {compare.DEFAULT_MIN_CHANGE})",
     )
-    p.add_argument("--out", type=Path, default=None, help="output folder (default reports/<time>-ab-...)")
+    p.add_argument(
+        "--out", type=_out_folder, default=None, help="output folder (default reports/<time>-ab-...)"
+    )
     p.set_defaults(func=main)

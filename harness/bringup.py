@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cli import REPO_ROOT as ROOT
-from harness.cli import positive_number, shown
+from harness.cli import from_checkout, positive_number, shown
 from harness.results import REPORTS_DIR, run_folder
 
 RECORD_FILE = "bringup.json"
@@ -259,7 +259,7 @@ def _now() -> str:
 def step_argv(step: Step, out_dir: Path) -> list[str]:
     """The step's arguments after ``python``, ``{out}`` as the run's folder (relative to the
     checkout when inside it: the children run from its root)."""
-    return [a.replace("{out}", str(shown(out_dir))) for a in step.argv]
+    return [a.replace("{out}", str(from_checkout(out_dir))) for a in step.argv]
 
 
 def command_text(step: Step, out_dir: Path) -> str:
@@ -568,7 +568,7 @@ def invocation(args: argparse.Namespace) -> str:
     argv = ["python", "-m", "harness", "bringup"]
     for option, value in (("--only", args.only), ("--skip", args.skip), ("--out", args.out)):
         if value:
-            argv += [option, str(shown(Path(value))) if option == "--out" else value]
+            argv += [option, str(from_checkout(Path(value))) if option == "--out" else value]
     if args.step_timeout:
         argv += ["--step-timeout", f"{args.step_timeout:g}"]
     return shlex.join(argv)
@@ -698,7 +698,7 @@ def register_cli(sub: Any) -> None:
         "--step-timeout",
         type=positive_number("seconds"),
         metavar="S",
-        help="kill a step still running after S seconds (default: per step)",
+        help="stop a step still running after S seconds: Ctrl-C, then SIGKILL after 30 s (default: per step)",
     )
     p.set_defaults(func=main)
 

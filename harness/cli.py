@@ -31,10 +31,20 @@ COMMANDS = (
 )
 
 
+def from_checkout(path: Path | str) -> Path:
+    """``path`` as the commands a run starts from the repository root take it, and as records
+    keep it: relative to the root when inside it (``reports/...``, not the machine's checkout),
+    else in full."""
+    resolved = Path(path).resolve()
+    with contextlib.suppress(ValueError):
+        return resolved.relative_to(REPO_ROOT.resolve())
+    return resolved
+
+
 def shown(path: Path | str) -> Path:
     """``path`` as a command prints it, a path that works from where the command ran: relative
-    to the current folder when inside it (run from the repository root, as the sessions are, logs
-    and records name ``reports/...``, not the machine's checkout), else in full."""
+    to the current folder when inside it (from the repository root, ``reports/...``), else in
+    full. What a child started from the root reads, or a record keeps: :func:`from_checkout`."""
     resolved = Path(path).resolve()
     with contextlib.suppress(ValueError, OSError):
         return resolved.relative_to(Path.cwd().resolve())

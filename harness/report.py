@@ -750,9 +750,10 @@ def write_run(results: Results, out_dir: Path) -> Path:
     - ``results.json``, the file every tool keys a run on, is written last, so a run cut short
       between the two leaves a page and no results (a folder no tool reads), never results
       without their page.
-    - Whatever stops the write (the folder, a render that fails, Ctrl-C), the results are kept in
-      a folder of their own under the system's temporary directory and the error (for Ctrl-C, a
-      line on stderr) says where: a report that cannot be written never costs the measurements.
+    - Whatever else stops the write (the folder, a render that fails otherwise, Ctrl-C), the
+      results are kept in a folder of their own under the system's temporary directory and the
+      error (for Ctrl-C, a line on stderr) says where: a report that cannot be written never
+      costs the measurements.
     """
     out_dir = Path(out_dir)
     held = held_results(out_dir) if out_dir.is_dir() else None

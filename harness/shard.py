@@ -1255,7 +1255,8 @@ def _main_tp(args: argparse.Namespace, opts: SweepOptions) -> int:
 
 def main(args: argparse.Namespace, opts: SweepOptions) -> int:
     """``sweep --gpus`` or ``sweep --tp``: 0 when every row was timed, 1 when a row is an
-    error, 2 on a bad request, 3 when a worker failed (no report then)."""
+    error or the report could not be written, 2 on a bad request, 3 when a worker failed (no
+    report then)."""
     try:
         return _main_tp(args, opts) if args.tp is not None else _main_sharded(args, opts)
     except ShardError as e:

@@ -57,11 +57,14 @@ Before timing anything the sweep checks that it has something to time (a case th
 ``--case-filter`` keeps, a mode that runs on the device) and that the report's folder can be
 created and written; if not, it exits 2 naming the option and writes nothing. Implementations
 unavailable on the box are recorded in the report's ``unavailable`` list; a run whose every
-implementation is unavailable exits 2 naming each with its reason, and writes nothing (a worker
-of a ``--gpus`` run, which may be dealt such a shard, writes its 0 rows and exits 0).
+implementation is unavailable exits 2 naming each with its reason, and writes nothing. A
+``--gpus``/``--tp`` run leaves availability to its workers, on their GPUs (one may be dealt a
+share of nothing): there such a run writes a report of 0 rows, its ``unavailable`` list saying
+why, and exits 0.
 
-Exit status: 0 when every row was timed, 1 when any row is an error, 2 on bad arguments, 3 when
-a worker of a ``--gpus``/``--tp`` run failed (no report is written then).
+Exit status: 0 when every row was timed, 1 when any row is an error or the report could not be
+written (its results are then kept elsewhere, named on stderr), 2 on bad arguments, 3 when a
+worker of a ``--gpus``/``--tp`` run failed (no report is written then).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ each to reach >= ``TARGET_PCT`` % of its roofline floor, and P=200k H=8 T=16 to 
 >= ``TARGET_SPEEDUP``x faster than SGLang's Triton kernel timed in the same run. Per target case
 the table gives the kernel's cold row (its tile config, median, % of this board's floor), the
 % of the floor at a fixed bf16 peak (``--at-peak``, 800 TFLOP/s by default: the boards lent for
-the runs measure 736-801, and a fixed peak compares runs across boards), TFLOP/s, the graph row's
+the runs measure 714.6-806.0, and a fixed peak compares runs across boards), TFLOP/s, the graph row's
 median, and the speedup over each baseline that the run timed on the same case. Below it: how
 many cases reach the target, against either peak, and the speedup target's case.
 

@@ -8,8 +8,9 @@ report and fails when:
   * a main-kernel configuration cannot launch there: registers x threads over the 64K register
     file, or (for the configuration picked there at run time) dynamic + static shared memory over
     the arch's per-block limit;
-  * the configuration the kernel picks at run time (wgmma on sm_90a; on sm_120 by its 99 KB opt-in
-    limit: small, and small-m32 per call) is not the one expected there.
+  * the configuration the kernel picks at run time (wgmma-ws on sm_90a, and wgmma-ws-pipe per call;
+    on sm_120 by its 99 KB opt-in limit: small, and small-m32 per call) is not the one expected
+    there.
 On sm_120 the wgmma kernel is compiled as a stub that traps (wgmma exists only on sm_90a), so
 only the mma.sync configurations are checked there.
 Dynamic shared memory comes from the configurations themselves (a host program built from the

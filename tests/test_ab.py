@@ -711,3 +711,11 @@ def test_ab_of_an_unchanged_kernel_against_its_commit_finds_no_regression(tmp_pa
     }
     assert compare.SLOWER not in verdicts and compare.FASTER not in verdicts
     assert worktrees(repo) == [str(repo)]
+
+
+def test_an_empty_out_is_refused_not_taken_for_the_current_folder(capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.cli import main as cli_main
+
+    with pytest.raises(SystemExit) as e:
+        cli_main(["ab", "--base-define", "VA_X", "--out", ""])
+    assert e.value.code == 2 and "argument --out: expected the run's folder" in capsys.readouterr().err

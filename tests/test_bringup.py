@@ -712,10 +712,14 @@ def test_paths_inside_the_checkout_are_shown_relative_to_it(tmp_path, monkeypatc
     monkeypatch.chdir(REPO_ROOT)
     assert shown(REPO_ROOT / "reports" / "x") == Path("reports/x") and shown("reports/x") == Path("reports/x")
     assert shown(tmp_path / "y") == tmp_path / "y"
-    # run from elsewhere, a printed path still names the file from there
+    # run from elsewhere, a printed path still names the file from there; a step (run from the
+    # root) and the record still get the root-relative or full path
     monkeypatch.chdir(tmp_path)
     assert shown(REPO_ROOT / "reports" / "x") == (REPO_ROOT / "reports" / "x").resolve()
     assert shown(tmp_path / "y") == Path("y")
+    step = _by_name(bringup.plan(Box(gpus=1)))["mma-peak"]
+    assert bringup.step_argv(step, tmp_path / "bu")[-1] == str((tmp_path / "bu").resolve())
+    assert bringup.step_argv(step, REPO_ROOT / "reports" / "r")[-1] == "reports/r"
     monkeypatch.chdir(REPO_ROOT)
     step = _by_name(bringup.plan(Box(gpus=1)))["mma-peak"]
     assert (
