@@ -28,6 +28,7 @@ the field, not a traceback from deep inside a table, a plot or a statistic.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gzip
 import json
@@ -391,6 +392,19 @@ def atomic_write_bytes(path: Path, data: bytes, *, exclusive: bool = False) -> N
             os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
+    _sync_folder(path.parent)
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make the folder's new entry durable (a rename is a change of the folder): so that a later
+    step that relies on it, such as prune deleting results.json once its .gz is in place, cannot
+    outlive it across a power cut. Where the system cannot sync a folder, nothing."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _link_new(tmp: str, path: Path) -> None:
