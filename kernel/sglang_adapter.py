@@ -56,9 +56,10 @@ buffer; both are taken as they come.
 
 Preconditions, as in SGLang's own kernel: ``max_len_extend`` is at least every request's number
 of draft tokens, ``kv_indices`` holds ``kv_indptr[B]`` slots, and ``mask_indptr`` lays out each
-request's ``T_b x (P_b + T_b)`` block back to back from the start of ``custom_mask``. Calls in hot loops are not
-checked against them (that needs the device's data on the host); ``extend_attention_fwd(...,
-validate=True)`` checks them, and every check ``verify_attention`` makes, on an eager call.
+request's ``T_b x (P_b + T_b)`` block back to back from the start of ``custom_mask``. Calls in
+hot loops are not checked against them (that needs the device's data on the host);
+``extend_attention_fwd(..., validate=True)`` checks them, and every check ``verify_attention``
+makes, on an eager call.
 """
 
 from __future__ import annotations
@@ -471,8 +472,8 @@ def check_sglang_metadata(
     """The adapter's preconditions on SGLang's metadata (module docstring), checked on the host:
     raises ValueError naming the argument. Copies the indptrs to the host (a sync), so it refuses
     to run while a CUDA graph is being captured. With ``custom_mask``, ``mask_indptr`` must lay
-    out request b's ``T_b x (P_b + T_b)`` block as SGLang does: blocks back to back, inside
-    ``custom_mask`` (a block elsewhere would hand the kernel another request's tree, or stale
+    out request b's ``T_b x (P_b + T_b)`` block as SGLang does: blocks back to back from the
+    start of ``custom_mask`` and inside it (a block elsewhere would hand the kernel another request's tree, or stale
     bytes of an over-allocated buffer, and nothing downstream could tell)."""
     if qo_indptr.is_cuda and torch.cuda.is_current_stream_capturing():
         raise ValueError("validate=True reads the metadata on the host: not while a CUDA graph is captured")
