@@ -18,6 +18,7 @@ prefix, itself and its ancestors.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -104,7 +105,7 @@ class VerifyBatch:
                 f"q has shape {tuple(self.q.shape)}, expected [qo_indptr[-1] = {qo[-1]}, H >= 1, {QK_DIM}]"
             )
         for b, (p, parents) in enumerate(zip(self.prefix_lens, self.parents, strict=True)):
-            if isinstance(p, bool) or not isinstance(p, int) or p < 0:
+            if isinstance(p, bool) or not isinstance(p, numbers.Integral) or p < 0:  # numpy's too
                 raise ValueError(f"prefix_lens[{b}] = {p!r}; expected an int >= 0")
             t = len(parents)
             if qo[b + 1] - qo[b] != t:
