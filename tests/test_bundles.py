@@ -364,3 +364,68 @@ def test_generate_that_cannot_write_its_bundle_exits_2_naming_out(
     assert f"bundles: --out {tmp_path}: cannot write smoke.pt there (No space left on device)" in (
         capsys.readouterr().err
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The manifest: the committed files' whole-file sha256, kept apart from them
+
+
+def test_the_manifest_records_every_committed_bundle_as_it_is() -> None:
+    import hashlib
+
+    recorded = bundles.read_manifest()
+    assert set(recorded) == {f"{n}.pt" for n in bundles.CANONICAL}
+    for name, digest in recorded.items():
+        assert hashlib.sha256((bundles.BUNDLES_DIR / name).read_bytes()).hexdigest() == digest, name
+
+
+def _committed_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A bundles folder of smoke.pt and its manifest entry, standing in for the committed one."""
+    folder = tmp_path / "bundles"
+    folder.mkdir()
+    (folder / "smoke.pt").write_bytes((bundles.BUNDLES_DIR / "smoke.pt").read_bytes())
+    monkeypatch.setattr(bundles, "BUNDLES_DIR", folder)
+    monkeypatch.setattr(bundles, "MANIFEST", folder / "SHA256SUMS")
+    bundles.write_manifest({"smoke.pt": _digest(folder / "smoke.pt")})
+    return folder
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_an_edited_committed_bundle_is_refused_though_its_pool_checks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool's sha256 sits in the file and covers the pool only: goldens replaced by a mutant's
+    (here: every golden out row scaled) would load and pass it, and a wrong kernel would then pass
+    parity. The manifest refuses the file."""
+    folder = _committed_copy(tmp_path, monkeypatch)
+    good = bundles.load("smoke")
+    edited = bundles.from_dict(
+        {**good.to_dict(), "goldens": {**good.to_dict()["goldens"], "out": good.golden_out * 1.5}}
+    )
+    bundles.materialise(edited)  # the pool's own check passes
+    bundles.save(edited, folder / "smoke.pt")
+    with pytest.raises(
+        bundles.BundleError, match=r"smoke.pt: its sha256 .* is not the .* that SHA256SUMS records"
+    ):
+        bundles.load("smoke")
+    # the same file anywhere else is a user's own bundle, loaded on its own checks
+    elsewhere = tmp_path / "mine.pt"
+    elsewhere.write_bytes((folder / "smoke.pt").read_bytes())
+    assert torch.equal(bundles.load(elsewhere).golden_out, good.golden_out * 1.5)
+
+
+def test_generate_into_the_bundles_folder_writes_the_manifest_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = _committed_copy(tmp_path, monkeypatch)
+    bundles.write_manifest({"smoke.pt": "0" * 64})  # stale
+    with pytest.raises(bundles.BundleError, match="SHA256SUMS"):
+        bundles.load("smoke")
+    assert run_bundles_cli("generate", "--bundles", "smoke", "--out", str(folder)) == 0
+    assert bundles.read_manifest() == {"smoke.pt": _digest(folder / "smoke.pt")}
+    assert bundles.load("smoke").name == "smoke"
