@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import html
 import io
 import math
@@ -101,6 +102,32 @@ def _num(value: Any, fmt: str = ".4g", suffix: str = "") -> str:
     return f'<div class="num">{format(value, fmt)}{suffix}</div>'
 
 
+def _directed(value: Any, fmt: str, up: bool) -> str:
+    """``_num`` rounded away from a threshold's passing side: a maximum error up, a minimum
+    cosine down, so that a value just past a limit never prints as the limit itself (``.2e``:
+    three significant digits; ``.6f``: six decimals)."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)) or value == 0:
+        return _num(value, fmt)
+    if fmt.endswith("e"):
+        digits = int(fmt[1:-1])
+        scale = 10.0 ** (math.floor(math.log10(abs(value))) - digits)
+    else:
+        scale = 10.0 ** -int(fmt[1:-1])
+    steps = value / scale
+    rounded = (math.ceil(steps - 1e-9) if up else math.floor(steps + 1e-9)) * scale
+    return _num(rounded, fmt)
+
+
+def _times(value: float) -> str:
+    """A speedup as text: three decimals below 10x (an A/B's 1.004x is not 1x), else 3 digits."""
+    return f"{value:.3f}x" if abs(value) < 10 else f"{value:.3g}x"
+
+
+def _mpl(text: str) -> str:
+    """``text`` for a matplotlib label: a pair of ``$`` would be read as a math formula."""
+    return text.replace("$", r"\$")
+
+
 def _text(value: Any, css: str = "") -> str:
     cls = f' class="{css}"' if css else ""
     return f"<span{cls}>{html.escape(str(value))}</span>"
@@ -141,7 +168,10 @@ def _png(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=fig.dpi, facecolor="white")
     out = io.BytesIO()
-    Image.open(buf).convert("RGB").quantize(colors=256).save(out, format="PNG", optimize=True)
+    # fast octree keeps a colour that covers few pixels (an implementation's few points), which
+    # the default median cut merged into another: one implementation in two colours
+    image = Image.open(buf).convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE)
+    image.save(out, format="PNG", optimize=True)
     return base64.b64encode(out.getvalue()).decode("ascii")
 
 
@@ -287,7 +317,7 @@ def prefix_plots(
                         markersize=3.5,
                         linestyle="-" if mode == modes[0] else "--",
                         color=colors[impl],
-                        label=impl if len(modes) == 1 else f"{impl} ({mode})",
+                        label=_mpl(impl if len(modes) == 1 else f"{impl} ({mode})"),
                     )
             _prefix_axis(ax, g["prefix_len"])
             if log_y:
@@ -381,7 +411,7 @@ def _bars(labels: list[str], series: dict[str, list[tuple]], colors: dict[str, A
             left=1.0,
             height=height * 0.92,
             color=colors[impl],
-            label=f"{impl} over {over}",
+            label=_mpl(f"{impl} over {over}"),
         )
         for y, (mid, lo, hi) in zip(ys, vals, strict=True):
             if mid is None:
@@ -389,7 +419,7 @@ def _bars(labels: list[str], series: dict[str, list[tuple]], colors: dict[str, A
             if lo is not None:
                 ax.plot([lo, hi], [y, y], color="#333333", linewidth=1)
             ax.annotate(
-                f"{mid:.3g}x",
+                _times(mid),
                 (max(mid, hi or mid), y),
                 xytext=(3, 0),
                 textcoords="offset points",
@@ -400,6 +430,8 @@ def _bars(labels: list[str], series: dict[str, list[tuple]], colors: dict[str, A
     finite = [x for vals in series.values() for v in vals for x in v if x is not None]
     _log_axis(ax.xaxis, pd.Series(finite + [1.0]))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+    if isinstance(ax.xaxis.get_minor_formatter(), FuncFormatter):  # labelled within one decade
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
     ax.set_yticks(range(n), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel(f"speedup: median {over} / median of the implementation")
@@ -439,7 +471,9 @@ def summary_table(results: Results, mode: str) -> str:
         lead = got.get(impls[0])
         for other in impls[1:]:
             value = lead.speedup.get(other) if lead is not None and lead.timed else None
-            rec[f"{html.escape(impls[0])}<br>over {html.escape(other)}"] = _num(value, ".3g", "x")
+            rec[f"{html.escape(impls[0])}<br>over {html.escape(other)}"] = (
+                _num(None) if value is None else f'<div class="num">{_times(value)}</div>'
+            )
         records.append(rec)
     return _table(pd.DataFrame.from_records(records))
 
@@ -554,9 +588,9 @@ def parity_tables(results: Results) -> dict[str, Any]:
                 "bundle": [_text(p.bundle, "mono") for p in real],
                 "implementation": [_text(p.impl, "mono") for p in real],
                 "status": [_pill(p.status, status_css.get(p.status, "muted")) for p in real],
-                "max rel err": [_num(p.max_rel_err, ".2e") for p in real],
-                "min cosine": [_num(p.min_cosine, ".6f") for p in real],
-                "max lse err": [_num(p.max_lse_abs_err, ".2e") for p in real],
+                "max rel err": [_directed(p.max_rel_err, ".2e", up=True) for p in real],
+                "min cosine": [_directed(p.min_cosine, ".6f", up=False) for p in real],
+                "max lse err": [_directed(p.max_lse_abs_err, ".2e", up=True) for p in real],
                 "tokens": [_bool(p.tokens_match) for p in real],
                 "path": [_bool(p.path_match) for p in real],
                 "rows": [_num(p.num_rows or None, "d") for p in real],
@@ -655,10 +689,19 @@ def _git_text(git: dict[str, Any]) -> str:
     return f"{str(sha)[:12]}{' (dirty)' if git.get('dirty') else ''}"
 
 
+def _steps_only(results: Results) -> Results:
+    """``results`` without tensor-parallel rank rows (H/N heads on one GPU): the cases a summary,
+    a speedup bar or a count of cases shows are the TP steps (the rows table keeps every rank)."""
+    if all(r.tp_rank is None for r in results.sweep):
+        return results
+    return dataclasses.replace(results, sweep=[r for r in results.sweep if r.tp_rank is None])
+
+
 def context(results: Results) -> dict[str, Any]:
     """Everything the template shows, already formatted."""
     from markupsafe import Markup
 
+    steps = _steps_only(results)
     sweep = results.sweep
     errors = [r for r in sweep if not r.timed]
     throttled = [r for r in sweep if r.throttled]
@@ -667,8 +710,10 @@ def context(results: Results) -> dict[str, Any]:
     real_parity = [p for p in results.parity if not is_control(p.impl)]
     summary = []
     if sweep:
+        ranks = len(sweep) - len(steps.sweep)
         summary.append(
-            f"{len({r.case_id for r in sweep})} cases, {len(impl_order(results))} implementations, {len(sweep)} rows"
+            f"{len({r.case_id for r in steps.sweep})} cases, {len(impl_order(results))} implementations, "
+            f"{len(sweep)} rows" + (f" ({ranks} of them tensor-parallel ranks' own)" if ranks else "")
         )
     if real_parity:
         counts: dict[str, int] = {}
@@ -697,7 +742,7 @@ def context(results: Results) -> dict[str, Any]:
         "parity_real": Markup(parity["real"]),
         "parity_controls": Markup(parity["controls"]),
         "summary_tables": [
-            {"mode": m, "html": Markup(summary_table(results, m))} for m in modes if summary_table(results, m)
+            {"mode": m, "html": Markup(summary_table(steps, m))} for m in modes if summary_table(steps, m)
         ],
         "latency_plots": prefix_plots(results, "median_ms", "median ms", modes=modes, log_y=True)
         if sweep
@@ -705,7 +750,7 @@ def context(results: Results) -> dict[str, Any]:
         "floor_plots": prefix_plots(results, "pct_of_floor", "% of floor", modes=["cold"], log_y=False)
         if sweep
         else [],
-        "speedup_plots": speedup_plots(results) if sweep else [],
+        "speedup_plots": speedup_plots(steps) if sweep else [],
         "scaling_table": Markup(scaling_table(results)),
         "targets": {k: Markup(v) if k == "table" else v for k, v in targets_section(results).items()},
         "empty_kernel_us": _empty_kernel_us(results.ceilings or {}),
@@ -714,9 +759,9 @@ def context(results: Results) -> dict[str, Any]:
         "git_table": Markup(kv_table(results.git)),
         "ceilings": Markup(ceilings_table(results.ceilings)),
         "modes": modes,
-        "n_cases": len({r.case_id for r in sweep}),
+        "n_cases": len({r.case_id for r in steps.sweep}),
         # a long table would bury everything below it: open only when it is short
-        "summary_open": len({r.case_id for r in sweep}) <= MAX_CASE_BARS,
+        "summary_open": len({r.case_id for r in steps.sweep}) <= MAX_CASE_BARS,
     }
 
 

@@ -98,7 +98,7 @@ def test_sweep_summary_table_shows_every_case_with_medians_floor_and_speedups(sw
     )
     assert f"{row.median_ms:.4g} ms" in table
     assert f"{row.pct_of_floor:.3g} % of floor" in table
-    assert f"{row.speedup['sglang-triton-ps1']:.3g}x" in table
+    assert f"{row.speedup['sglang-triton-ps1']:.3f}x" in table  # three decimals below 10x
     assert "verify-attn-cuda<br>over sglang-triton-ps1" in table
 
 
@@ -749,3 +749,45 @@ def test_rendering_a_folder_of_runs_leaves_its_pruned_runs_pruned(tmp_path: Path
 def test_an_empty_path_is_refused_not_taken_for_the_current_folder(argv: list[str], capsys) -> None:
     assert cli_main(argv) == 2
     assert "is empty; expected a results.json" in capsys.readouterr().err
+
+
+def test_speedups_near_one_keep_their_decimals_and_large_ones_three_digits() -> None:
+    # an A/B's verdicts work in % against 3 %: 1.004x must not read "1x"
+    assert harness.report._times(1.004) == "1.004x" and harness.report._times(0.987) == "0.987x"
+    assert harness.report._times(278.4) == "278x" and harness.report._times(39.44) == "39.4x"
+
+
+@pytest.mark.parametrize(
+    ("value", "fmt", "up", "shown"),
+    [
+        (0.010004, ".2e", True, "1.01e-02"),  # just past the 1e-2 limit: not "1.00e-02"
+        (0.01, ".2e", True, "1.00e-02"),  # exactly the limit stays the limit
+        (0.0012345, ".2e", True, "1.24e-03"),
+        (0.99989996, ".6f", False, "0.999899"),  # just under the 0.9999 limit: not "0.999900"
+        (0.9999, ".6f", False, "0.999900"),
+        (None, ".2e", True, "-"),
+    ],
+)
+def test_parity_numbers_round_away_from_the_passing_side(value, fmt: str, up: bool, shown: str) -> None:
+    assert f">{shown}<" in harness.report._directed(value, fmt, up)
+
+
+def test_a_tp_run_counts_and_summarises_its_steps_not_its_ranks() -> None:
+    results = load_results(SWEEP)
+    step = results.sweep[0]
+    ranks = [replace(step, case_id=f"{step.case_id}-rank{k}", tp_rank=k, tp_size=2) for k in (0, 1)]
+    tp = replace(results, sweep=[*results.sweep, *ranks])
+    ctx = harness.report.context(tp)
+    assert ctx["n_cases"] == harness.report.context(results)["n_cases"]
+    assert "(2 of them tensor-parallel ranks' own)" in ctx["summary"][0]
+    assert all("-rank0" not in t["html"] for t in ctx["summary_tables"])
+    assert "-rank0" in ctx["rows_table"]  # the rows table keeps every rank
+
+
+def test_an_implementation_name_with_dollars_renders() -> None:
+    # matplotlib reads a pair of $ as a math formula, and a bad one raised
+    results = load_results(SWEEP)
+    odd = replace(
+        results, sweep=[replace(r, impl=r.impl.replace("-", "$x_{", 1) + "$") for r in results.sweep]
+    )
+    assert "$x_{" in harness.report.render_html(odd)
