@@ -745,13 +745,23 @@ def check_recipe(recipe: Mapping[str, Any]) -> dict[str, Any]:
         _field(r, key, kind, "recipe")
     if r["num_heads"] < 1:
         raise BundleError(f"recipe: num_heads = {r['num_heads']}, expected >= 1")
+    if not 0 <= r["seed"] < 2**32:
+        raise BundleError(f"recipe: seed = {r['seed']}, expected an int in [0, 2^32)")
+    if not (math.isfinite(r["sm_scale"]) and r["sm_scale"] > 0):
+        raise BundleError(f"recipe: sm_scale = {r['sm_scale']}, expected a finite positive number")
     requests = _field(r, "requests", list, "recipe")
     if not requests:
         raise BundleError("recipe: requests is empty, expected at least one request")
     for i, req in enumerate(requests):
         where = f"requests[{i}]."
+        if not isinstance(req, Mapping):
+            raise BundleError(
+                f"recipe: {where[:-1]} is {type(req).__name__}, expected a table of prefix_len, num_draft, tree, tree_seed"
+            )
         for key in ("prefix_len", "num_draft", "tree_seed"):
             _field(req, key, int, "recipe", where)
+        if not 0 <= req["tree_seed"] < 2**32:
+            raise BundleError(f"recipe: {where}tree_seed = {req['tree_seed']}, expected an int in [0, 2^32)")
         if _field(req, "tree", str, "recipe", where) not in TREE_BUILDERS:
             raise BundleError(
                 f"recipe: {where}tree is {req['tree']!r}, expected one of {', '.join(TREE_BUILDERS)}"

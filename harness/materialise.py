@@ -195,6 +195,6 @@ def materialise(bundle: Bundle, device: torch.device | str = "cpu") -> torch.Ten
     if digest != bundle.pool_sha256:
         raise PoolMismatchError(
             f"bundle {bundle.name!r}: the materialised pool has sha256 {digest}, the bundle stores "
-            f"{bundle.pool_sha256}; the pool recipe or the generator changed"
+            f"{bundle.pool_sha256}: the file was edited, or the pool recipe or the generator changed"
         )
     return bits_to_bf16(bits).to(device)

@@ -429,3 +429,29 @@ def test_generate_into_the_bundles_folder_writes_the_manifest_entry(
     assert run_bundles_cli("generate", "--bundles", "smoke", "--out", str(folder)) == 0
     assert bundles.read_manifest() == {"smoke.pt": _digest(folder / "smoke.pt")}
     assert bundles.load("smoke").name == "smoke"
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda r: r.update(seed=-1), r"recipe: seed = -1, expected an int in \[0, 2\^32\)"),
+        (lambda r: r.update(sm_scale=0.0), "recipe: sm_scale = 0.0, expected a finite positive number"),
+        (
+            lambda r: r.update(sm_scale=float("nan")),
+            "recipe: sm_scale = nan, expected a finite positive number",
+        ),
+        (lambda r: r.update(requests=[5]), r"recipe: requests\[0\] is int, expected a table"),
+        (
+            lambda r: r.update(requests=[{**r["requests"][0], "tree_seed": -1}]),
+            r"recipe: requests\[0\]\.tree_seed = -1, expected an int in \[0, 2\^32\)",
+        ),
+    ],
+)
+def test_a_bad_recipe_value_is_named(edit: Callable[[dict], None], message: str) -> None:
+    recipe = {
+        **bundles.CANONICAL["smoke"],
+        "requests": [dict(q) for q in bundles.CANONICAL["smoke"]["requests"]],
+    }
+    edit(recipe)
+    with pytest.raises(bundles.BundleError, match=message):
+        bundles.check_recipe(recipe)
