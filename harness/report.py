@@ -55,6 +55,7 @@ from harness.results import (
     SWEEP_PARAMS_REQUIRED,
     Results,
     ResultsError,
+    SweepRow,
     atomic_write_text,
     check_types,
     compress_results,
@@ -563,6 +564,10 @@ def rows_table(results: Results) -> str:
             "repro": [f'<code class="nowrap">{html.escape(r)}</code>' for r in df["repro"]],
         }
     )
+    if len({r.gpu_index for r in rows}) > 1:  # a run over several GPUs: which one timed the row
+        out.insert(
+            4, "GPU", [_num(r.gpu_index, "d") if r.gpu_index is not None else _num(None) for r in rows]
+        )
     return _table(out)
 
 
@@ -689,6 +694,17 @@ def _git_text(git: dict[str, Any]) -> str:
     return f"{str(sha)[:12]}{' (dirty)' if git.get('dirty') else ''}"
 
 
+def _why_untimed(row: SweepRow) -> str:
+    """Why a row has nothing to show: its note, or what its samples say."""
+    if row.note:
+        return row.note
+    if row.status != "ok":
+        return row.status
+    if not row.samples_ms:
+        return "no samples"
+    return f"a median of {row.median_ms:g} ms: nothing to divide by"
+
+
 def _steps_only(results: Results) -> Results:
     """``results`` without tensor-parallel rank rows (H/N heads on one GPU): the cases a summary,
     a speedup bar or a count of cases shows are the TP steps (the rows table keeps every rank)."""
@@ -703,6 +719,8 @@ def context(results: Results) -> dict[str, Any]:
 
     steps = _steps_only(results)
     sweep = results.sweep
+    # the mode the floor and speedup figures show: cold, or the run's one mode where it has no cold
+    main_mode = "cold" if any(r.mode == "cold" for r in sweep) or not sweep else sweep[0].mode
     errors = [r for r in sweep if not r.timed]
     throttled = [r for r in sweep if r.throttled]
     modes = list(dict.fromkeys(r.mode for r in sweep))
@@ -731,7 +749,7 @@ def context(results: Results) -> dict[str, Any]:
         "git": _git_text(results.git),
         "summary": summary,
         "errors": [
-            {"case": r.case_id, "impl": r.impl, "mode": r.mode, "why": r.note or "no samples"} for r in errors
+            {"case": r.case_id, "impl": r.impl, "mode": r.mode, "why": _why_untimed(r)} for r in errors
         ],
         "throttled": [
             {"case": r.case_id, "impl": r.impl, "mode": r.mode, "reasons": ", ".join(r.throttle_reasons)}
@@ -747,10 +765,10 @@ def context(results: Results) -> dict[str, Any]:
         "latency_plots": prefix_plots(results, "median_ms", "median ms", modes=modes, log_y=True)
         if sweep
         else [],
-        "floor_plots": prefix_plots(results, "pct_of_floor", "% of floor", modes=["cold"], log_y=False)
+        "floor_plots": prefix_plots(results, "pct_of_floor", "% of floor", modes=[main_mode], log_y=False)
         if sweep
         else [],
-        "speedup_plots": speedup_plots(steps) if sweep else [],
+        "speedup_plots": speedup_plots(steps, main_mode) if sweep else [],
         "scaling_table": Markup(scaling_table(results)),
         "targets": {k: Markup(v) if k == "table" else v for k, v in targets_section(results).items()},
         "empty_kernel_us": _empty_kernel_us(results.ceilings or {}),

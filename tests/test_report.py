@@ -791,3 +791,25 @@ def test_an_implementation_name_with_dollars_renders() -> None:
         results, sweep=[replace(r, impl=r.impl.replace("-", "$x_{", 1) + "$") for r in results.sweep]
     )
     assert "$x_{" in harness.report.render_html(odd)
+
+
+def test_a_run_over_several_gpus_says_which_gpu_timed_each_row() -> None:
+    results = load_results(SWEEP)
+    assert ">GPU<" not in harness.report.rows_table(results)  # one GPU: no column
+    spread = replace(results, sweep=[replace(r, gpu_index=i % 2) for i, r in enumerate(results.sweep)])
+    assert ">GPU<" in harness.report.rows_table(spread)
+
+
+def test_a_graph_only_run_keeps_its_floor_and_speedup_figures() -> None:
+    results = load_results(SWEEP)
+    graph = replace(results, sweep=[r for r in results.sweep if r.mode == "graph"])
+    assert graph.sweep and all(r.mode == "graph" for r in graph.sweep)
+    ctx = harness.report.context(graph)
+    assert ctx["floor_plots"] and ctx["speedup_plots"]
+
+
+def test_a_row_with_a_zero_median_is_said_to_be_one() -> None:
+    results = load_results(SWEEP)
+    zero = replace(results.sweep[0], median_ms=0.0, note="")
+    (row,) = harness.report.context(replace(results, sweep=[zero]))["errors"]
+    assert row["why"] == "a median of 0 ms: nothing to divide by"
