@@ -111,6 +111,7 @@ from harness.sweep import (
     nothing_to_time,
     out_problem,
     progress_bar,
+    reference_skip_note,
     report_problem,
     repro_command,
     runs_text,
@@ -395,7 +396,31 @@ def _merged_notes(parts: Sequence[Part], first: str) -> list[str]:
             f"GPUs of different models ran this run ({', '.join(map(str, models))}); compare files it "
             f"under the first"
         )
-    return _unique(notes + [n for p in parts for n in p.results.notes])
+    return _unique(notes + _merged_skip_notes([n for p in parts for n in p.results.notes]))
+
+
+_SKIP_NOTE = re.compile(
+    r"^(?P<impl>\S+) \(the float64 reference\) was not timed on \d+ case\(s\) above "
+    r"(?P<cap>\S+) GFLOP, where it is slow: (?P<ids>.+)$"
+)
+
+
+def _merged_skip_notes(notes: Sequence[str]) -> list[str]:
+    """The workers' notes, each worker's "reference not timed on ..." note merged into one per
+    implementation and cap (listing every worker's cases), the others as they are."""
+    merged: dict[tuple[str, str], list[str]] = {}
+    out: list[str | tuple[str, str]] = []
+    for note in notes:
+        m = _SKIP_NOTE.match(note)
+        if m is None:
+            out.append(note)
+            continue
+        key = (m["impl"], m["cap"])
+        if key not in merged:
+            merged[key] = []
+            out.append(key)
+        merged[key] += [i for i in m["ids"].split(", ") if i not in merged[key]]
+    return [n if isinstance(n, str) else reference_skip_note(n[0], n[1], merged[n]) for n in out]
 
 
 def _merged_results(

@@ -691,6 +691,15 @@ def case_batches(params: CaseParams, device: torch.device, l2: int) -> tuple[lis
     return batches, ""
 
 
+def reference_skip_note(name: str, cap: str, ids: Sequence[str]) -> str:
+    """The run's note on the cases where the reference was not timed (a merged ``--gpus`` run
+    joins its workers' notes of this form: harness/shard.py)."""
+    return (
+        f"{name} (the float64 reference) was not timed on {len(ids)} case(s) above {cap} GFLOP, "
+        f"where it is slow: {', '.join(ids)}"
+    )
+
+
 def unbuilt_size(params: CaseParams) -> tuple[int, int]:
     """(bytes, FLOPs) of a case whose batch could not be built, for its error rows."""
     from harness.shard import case_bytes, case_flops  # shard imports this module
@@ -756,10 +765,7 @@ def run_sweep(opts: SweepOptions, command: str) -> Results:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     for name, ids in skipped_reference.items():
-        notes.append(
-            f"{name} (the float64 reference) was not timed on {len(ids)} case(s) above "
-            f"{opts.grid.reference_max_gflop:g} GFLOP, where it is slow: {', '.join(ids)}"
-        )
+        notes.append(reference_skip_note(name, f"{opts.grid.reference_max_gflop:g}", ids))
     return Results(
         kind="sweep",
         created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -820,3 +820,23 @@ def test_the_workers_folder_goes_when_the_run_ends_in_an_error(
     with pytest.raises(timing.GpuLockError), shard.workers_folder("verify-attention-shards-"):
         raise timing.GpuLockError("cannot open the GPU lock file")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_workers_reference_notes_merge_into_one_per_implementation() -> None:
+    from harness.sweep import reference_skip_note
+
+    notes = [
+        "grid g: plumbing",
+        reference_skip_note("oracle", "10", ["B1-P65536-T16-H8-shuffled", "B1-P131072-T16-H8-shuffled"]),
+        "grid g: plumbing",
+        reference_skip_note("oracle", "10", ["B1-P200000-T16-H8-shuffled"]),
+    ]
+    assert shard._merged_skip_notes(notes) == [
+        "grid g: plumbing",
+        reference_skip_note(
+            "oracle",
+            "10",
+            ["B1-P65536-T16-H8-shuffled", "B1-P131072-T16-H8-shuffled", "B1-P200000-T16-H8-shuffled"],
+        ),
+        "grid g: plumbing",
+    ]
