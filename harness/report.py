@@ -287,6 +287,10 @@ def _log_axis(axis: Any, values: pd.Series) -> None:
     axis.set_minor_formatter(plain if lo > 0 and hi / lo < 10 else NullFormatter())
 
 
+# The legend entry of a ring around a point whose row NVML reported throttled (the power cap).
+THROTTLED_LABEL = "throttled (ring)"
+
+
 def prefix_plots(
     results: Results, value: str, ylabel: str, *, modes: Sequence[str], log_y: bool
 ) -> list[str]:
@@ -320,6 +324,18 @@ def prefix_plots(
                         color=colors[impl],
                         label=_mpl(impl if len(modes) == 1 else f"{impl} ({mode})"),
                     )
+                    capped = line[line["throttled"].astype(bool)]
+                    if not capped.empty:  # the rows' tables flag them too
+                        ax.plot(
+                            capped["prefix_len"],
+                            capped[value],
+                            linestyle="none",
+                            marker="o",
+                            markersize=8,
+                            markerfacecolor="none",
+                            markeredgecolor="#c0392b",
+                            label=THROTTLED_LABEL,
+                        )
             _prefix_axis(ax, g["prefix_len"])
             if log_y:
                 _log_axis(ax.yaxis, g[value])

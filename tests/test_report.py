@@ -813,3 +813,21 @@ def test_a_row_with_a_zero_median_is_said_to_be_one() -> None:
     zero = replace(results.sweep[0], median_ms=0.0, note="")
     (row,) = harness.report.context(replace(results, sweep=[zero]))["errors"]
     assert row["why"] == "a median of 0 ms: nothing to divide by"
+
+
+def test_throttled_points_are_ringed_in_the_plots(monkeypatch: pytest.MonkeyPatch) -> None:
+    results = load_results(SWEEP)
+    labels: list[str] = []
+    real = harness.report._png
+
+    def record(fig) -> str:
+        labels.extend(t.get_text() for legend in fig.legends for t in legend.get_texts())
+        return real(fig)
+
+    monkeypatch.setattr(harness.report, "_png", record)
+    calm = replace(results, sweep=[replace(r, throttled=False) for r in results.sweep])
+    harness.report.prefix_plots(calm, "median_ms", "median ms", modes=["cold"], log_y=True)
+    assert harness.report.THROTTLED_LABEL not in labels
+    hot = replace(results, sweep=[replace(r, throttled=True) for r in results.sweep])
+    harness.report.prefix_plots(hot, "median_ms", "median ms", modes=["cold"], log_y=True)
+    assert harness.report.THROTTLED_LABEL in labels
