@@ -79,11 +79,11 @@ import torch
 from harness import compare
 from harness.batch import VerifyBatch
 from harness.cases import build_batch
-from harness.cli import check_run_out_dir
+from harness.cli import check_run_out_dir, nonempty_folder
 from harness.env import environment, git_info
 from harness.impl_kernel import kernel_call
 from harness.registry import RunFn, impl_config_of
-from harness.results import REPORTS_DIR, Results, SweepRow, atomic_write_text, kept_elsewhere, write_results
+from harness.results import REPORTS_DIR, Results, SweepRow, atomic_write_text, keep_and_raise, write_results
 from harness.sweep import GridError, PlannedCase, TimingPolicy, load_grid, with_speedups
 from harness.timing import (
     GpuLockError,
@@ -354,16 +354,9 @@ def write_report(results: Results, out_dir: Path, min_change: float) -> compare.
         print(compare.format_terminal(comparison))
         print(f"html: {compare.write_html(comparison, out_dir)}")
         write_results(results, json_path)
-    except OSError as e:  # the folder was probed before the run; it may have filled up since
-        raise ABError(
-            kept_elsewhere(results, f"{out_dir}: cannot write the run there ({e.strerror or e})")
-        ) from e
-    except BaseException as e:  # a comparison that fails, or Ctrl-C: the timings are still kept
-        note = kept_elsewhere(results, f"{out_dir}: the run was not written ({type(e).__name__}: {e})")
-        if not isinstance(e, Exception):
-            print(f"ab: {note}", file=sys.stderr)
-            raise
-        raise ABError(note) from e
+    except BaseException as e:  # a full disk, a comparison that fails, Ctrl-C: the timings are kept
+        what = "cannot write the run there" if isinstance(e, OSError) else "the run was not written"
+        keep_and_raise(results, e, f"{out_dir}: {what}", ABError)
     return comparison
 
 
@@ -639,13 +632,6 @@ def _rounds(text: str) -> int:
     return value
 
 
-def _out_folder(text: str) -> Path:
-    """``--out``: a folder; an empty value (which Path reads as the current folder) is refused."""
-    if not text:
-        raise argparse.ArgumentTypeError("expected the run's folder (created if missing), got ''")
-    return Path(text)
-
-
 def register_cli(sub: Any) -> None:
     p = sub.add_parser(
         "ab",
@@ -686,6 +672,9 @@ def register_cli(sub: Any) -> None:
         help=f"minimum effect for SLOWER/FASTER (default {compare.DEFAULT_MIN_CHANGE})",
     )
     p.add_argument(
-        "--out", type=_out_folder, default=None, help="output folder (default reports/<time>-ab-...)"
+        "--out",
+        type=nonempty_folder("the run's folder (created if missing)"),
+        default=None,
+        help="output folder (default reports/<time>-ab-...)",
     )
     p.set_defaults(func=main)

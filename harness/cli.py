@@ -51,6 +51,18 @@ def shown(path: Path | str) -> Path:
     return resolved
 
 
+def nonempty_folder(what: str) -> Callable[[str], Path]:
+    """An argparse ``type`` for an ``--out`` folder: an empty value (which Path reads as the
+    current folder) is refused, the error saying ``what`` was expected."""
+
+    def parse(text: str) -> Path:
+        if not text:
+            raise argparse.ArgumentTypeError(f"expected {what}, got ''")
+        return Path(text)
+
+    return parse
+
+
 def positive_number(what: str) -> Callable[[str], float]:
     """An argparse ``type``: a finite number > 0, its error naming the unit (``what``)."""
 

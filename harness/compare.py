@@ -118,7 +118,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from harness.cli import check_out_dir
+from harness.cli import check_out_dir, nonempty_folder
 from harness.results import (
     ParityRow,
     Results,
@@ -1329,11 +1329,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-def out_folder(text: str) -> Path:
-    """``--out``: a folder; an empty value (which Path reads as the current folder) is refused."""
-    if not text:
-        raise argparse.ArgumentTypeError("expected a folder for the HTML diff, got ''")
-    return Path(text)
+# ``--out``: a folder for the HTML diff; an empty value is refused.
+out_folder = nonempty_folder("a folder for the HTML diff")
 
 
 def parse_min_change(text: str) -> float:

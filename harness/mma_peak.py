@@ -29,7 +29,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -184,7 +183,7 @@ def main(args: argparse.Namespace) -> int:
     import torch
 
     from harness.env import environment, git_info
-    from harness.results import atomic_write_text, run_folder
+    from harness.results import atomic_write_text, run_folder, unwritten_path
 
     if not torch.cuda.is_available():
         print("error: mma-peak: no CUDA device is visible to torch", file=sys.stderr)
@@ -247,7 +246,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         atomic_write_text(out_dir / OUTPUT_FILE, text)
     except OSError as e:  # the folder was checked before the build; it may have filled up since
-        kept = Path(tempfile.mkdtemp(prefix="verify-attention-unwritten-")) / OUTPUT_FILE
+        kept = unwritten_path(OUTPUT_FILE)
         kept.write_text(text)
         print(
             f"error: {out_dir / OUTPUT_FILE}: not written ({e.strerror or e}); the record is kept in {kept}",

@@ -43,7 +43,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import pandas as pd
 
@@ -60,6 +60,7 @@ from harness.results import (
     check_types,
     compress_results,
     is_results_file,
+    keep_and_raise,
     kept_elsewhere,
     load_results,
     results_files_under,
@@ -849,7 +850,7 @@ def write_run(results: Results, out_dir: Path) -> Path:
         write_results(results, kept)
         raise ResultsError(f"{e}; the results are kept in {kept}, which no tool reads as a run") from e
     except BaseException as e:
-        _keep_and_raise(results, e, f"{out_dir}: the page could not be rendered")
+        keep_and_raise(results, e, f"{out_dir}: the page could not be rendered")
     page_path = out_dir / "index.html"
     try:
         atomic_write_text(page_path, page, exclusive=True)
@@ -862,28 +863,13 @@ def write_run(results: Results, out_dir: Path) -> Path:
             )
         ) from e
     except BaseException as e:
-        _keep_and_raise(results, e, f"{out_dir}: cannot write the run there")
+        keep_and_raise(results, e, f"{out_dir}: cannot write the run there")
     try:
         write_results(results, out_dir / RESULTS_FILE, exclusive=True)
     except BaseException as e:
         page_path.unlink(missing_ok=True)  # ours, written just now: a page without its results
-        _keep_and_raise(results, e, f"{out_dir}: cannot write the run there")
+        keep_and_raise(results, e, f"{out_dir}: cannot write the run there")
     return out_dir
-
-
-def _keep_and_raise(results: Results, e: BaseException, what: str) -> NoReturn:
-    """Keep ``results`` elsewhere (:func:`kept_elsewhere`) and raise: an error as a ResultsError
-    that says ``what`` failed and where the results are; Ctrl-C (or an exit) as it came, after a
-    line on stderr that says so."""
-    if isinstance(e, OSError):
-        detail = e.strerror or str(e)
-    else:
-        detail = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-    note = kept_elsewhere(results, f"{what} ({detail})")
-    if isinstance(e, Exception):
-        raise ResultsError(note) from e
-    print(f"the report was not written: {note}", file=sys.stderr)
-    raise e
 
 
 def page_of(json_path: Path) -> Path:

@@ -35,12 +35,13 @@ import json
 import math
 import os
 import re
+import sys
 import tempfile
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 SCHEMA = "verify-attention/results"
 SCHEMA_VERSION = 1
@@ -355,16 +356,39 @@ def run_folder(kind: str, gpu_name: str | None, sha: str | None, now: Any) -> Pa
     return REPORTS_DIR / f"{now:%Y%m%dT%H%M%S}-{kind}-{where}-{(sha or 'nogit')[:7]}"
 
 
+def unwritten_path(name: str) -> Path:
+    """Where a record that could not be written where asked is kept instead: ``name`` in a new
+    folder of its own under the system's temporary directory."""
+    return Path(tempfile.mkdtemp(prefix="verify-attention-unwritten-")) / name
+
+
 def kept_elsewhere(results: Results, why: str) -> str:
-    """``why`` a run could not be written where asked, with where its results are kept instead: a
-    folder of their own under the system's temporary directory, so that a disk that filled up
-    (or a folder made read-only) during a long run does not cost the measurements."""
+    """``why`` a run could not be written where asked, with where its results are kept instead
+    (:func:`unwritten_path`), so that a disk that filled up (or a folder made read-only) during a
+    long run does not cost the measurements."""
     try:
-        kept = Path(tempfile.mkdtemp(prefix="verify-attention-unwritten-")) / RESULTS_FILE
+        kept = unwritten_path(RESULTS_FILE)
         write_results(results, kept)
     except OSError as e:
         return f"{why}; nor could its results be kept elsewhere ({e.strerror or e})"
     return f"{why}; its results are kept in {kept} (render it there with `python -m harness report`)"
+
+
+def keep_and_raise(
+    results: Results, e: BaseException, what: str, error: type[Exception] = ResultsError
+) -> NoReturn:
+    """Keep ``results`` elsewhere (:func:`kept_elsewhere`) and raise: an error as ``error`` that
+    says ``what`` failed and where the results are; Ctrl-C (or an exit) as it came, after a line
+    on stderr that says so."""
+    if isinstance(e, OSError):
+        detail = e.strerror or str(e)
+    else:
+        detail = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    note = kept_elsewhere(results, f"{what} ({detail})")
+    if isinstance(e, Exception):
+        raise error(note) from e
+    print(f"the report was not written: {note}", file=sys.stderr)
+    raise e
 
 
 def atomic_write_text(path: Path, text: str, *, exclusive: bool = False) -> None:
