@@ -20,10 +20,13 @@ def env_with_cuda_flags(flags: str) -> dict[str, str]:
     return env
 
 
-def build_with_flags(flags: str, timeout_s: float = 900) -> dict[str, str]:
+def build_with_flags(flags: str, timeout_s: float = 900, archs: str | None = None) -> dict[str, str]:
     """Build the extension with ``flags`` (in a subprocess, before any tool runs the workload) and
-    return the environment that loads that build; AssertionError with the build's log if it fails."""
+    return the environment that loads that build; AssertionError with the build's log if it fails.
+    ``archs`` sets ``VERIFY_ATTN_ARCHS`` for that build (kernel/build.py)."""
     env = env_with_cuda_flags(flags)
+    if archs is not None:
+        env["VERIFY_ATTN_ARCHS"] = archs
     res = subprocess.run(
         [sys.executable, "-c", "import kernel; kernel.load_extension()"],
         capture_output=True,

@@ -434,6 +434,53 @@ def test_one_request_whose_tensors_run_past_its_indptrs(case: tuple[int, int, in
         )
 
 
+def test_an_empty_batch_writes_nothing_on_every_config() -> None:
+    """B = 0 (qo_indptr = [0]) with tokens in q that no request owns: every config returns at
+    once, given outputs untouched, validated or not, and in a CUDA graph too."""
+    import kernel
+
+    cuda = torch.device("cuda")
+    q = torch.randn(3, 8, 576, device=cuda).to(torch.bfloat16)
+    kv = torch.randn(5, 576, device=cuda).to(torch.bfloat16)
+    zero = torch.zeros(1, dtype=torch.int32, device=cuda)
+    no_words = torch.zeros(0, dtype=torch.int32, device=cuda)
+    no_slots = torch.zeros(0, dtype=torch.int32, device=cuda)
+    for config in ("auto", *gpu_configs()):
+        for validate in (True, False):
+            out = torch.full((3, 8, 512), -7.0, dtype=torch.bfloat16, device=cuda)
+            lse = torch.full((3, 8), -9.0, dtype=torch.float32, device=cuda)
+            got = kernel.verify_attention(
+                q,
+                kv,
+                no_slots,
+                zero,
+                zero,
+                no_words,
+                zero,
+                0.1,
+                out=out,
+                lse=lse,
+                validate=validate,
+                config=config,
+            )
+            torch.cuda.synchronize()
+            assert got[0] is out and got[1] is lse
+            assert (out == -7.0).all() and (lse == -9.0).all(), f"config={config}: an empty batch wrote rows"
+        fresh_out, fresh_lse = kernel.verify_attention(
+            q, kv, no_slots, zero, zero, no_words, zero, 0.1, config=config
+        )
+        assert fresh_out.shape == (3, 8, 512) and fresh_lse.shape == (3, 8), config
+    out = torch.full((3, 8, 512), -7.0, dtype=torch.bfloat16, device=cuda)
+    replay = capture_graph(
+        lambda: kernel.verify_attention(q, kv, no_slots, zero, zero, no_words, zero, 0.1, out=out),
+        cuda,
+        warmup=1,
+    )
+    replay()
+    torch.cuda.synchronize()
+    assert (out == -7.0).all()
+
+
 def test_without_a_q_tensor_map(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the driver has no tensor-map encoder the wgmma-ws kernels stage Q without bulk tensor
     copies (`wgmma-ws-pipe` by cp.async into the same layout, `wgmma-ws` by its direct fragment

@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -185,10 +186,12 @@ std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& 
   const c10::cuda::CUDAGuard guard(device);
   if (validate && c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None)
     validate_data(q, kv_indices, qo_indptr, kv_indptr, tree_mask, tree_mask_indptr, S);
-  if (B == 0) return {out, lse};
 
+  // An empty batch launches nothing, but a config this device cannot run is refused all the same:
+  // the plan is made for one token so that a caller learns it before the first real batch.
   va::Plan plan{};
-  cudaError_t e = va::make_plan(device.index(), static_cast<int>(B), static_cast<int>(N), static_cast<int>(H),
+  cudaError_t e = va::make_plan(device.index(), static_cast<int>(std::max<int64_t>(B, 1)),
+                                static_cast<int>(std::max<int64_t>(N, 1)), static_cast<int>(H),
                                 static_cast<int>(kv_indices.numel()), static_cast<int>(config),
                                 static_cast<int>(num_sms), &plan);
   VA_CHECK(e != cudaErrorNotSupported, "config ", config, " (", kConfigNames[config],
@@ -200,6 +203,7 @@ std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& 
            config == 0 ? std::string(" -> ") + kConfigNames[plan.config] : std::string(), ") needs ",
            plan.smem_bytes, " bytes of shared memory per block, more than ", device, " allows");
   C10_CUDA_CHECK(e);
+  if (B == 0) return {out, lse};
   at::Tensor workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)}, q.options().dtype(at::kByte));
 
   va::Args args{};
