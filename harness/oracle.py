@@ -26,14 +26,18 @@ def reference(
     *,
     chunk: int = 8192,
     visibility: Sequence[torch.Tensor] | None = None,
+    dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out [N, H, 512] float64, lse [N, H] float64) of ``batch`` on its device.
+    """(out [N, H, 512], lse [N, H]) of ``batch`` on its device, computed in ``dtype`` (float64,
+    the goldens'; float32 gives the error of an honest kernel's fp32 accumulation).
 
     ``visibility`` overrides the draft mask with per-request [T_b, T_b] bool matrices (row i:
     the draft tokens query i sees); by default it comes from ``batch.parents``.
     """
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk = {chunk!r}; expected an int >= 1")
+    if dtype not in (torch.float64, torch.float32):
+        raise ValueError(f"dtype = {dtype!r}; expected torch.float64 or torch.float32")
     scale = batch.sm_scale
     if (
         isinstance(scale, bool)
@@ -48,10 +52,10 @@ def reference(
         )
     pool = batch.pool()
     device = batch.device
-    q = batch.q.to(torch.float64)
+    q = batch.q.to(dtype)
     n, h = q.shape[0], q.shape[1]
-    out = torch.empty(n, h, V_DIM, dtype=torch.float64, device=device)
-    lse = torch.empty(n, h, dtype=torch.float64, device=device)
+    out = torch.empty(n, h, V_DIM, dtype=dtype, device=device)
+    lse = torch.empty(n, h, dtype=dtype, device=device)
     for b, (p, parents) in enumerate(zip(batch.prefix_lens, batch.parents, strict=True)):
         t = len(parents)
         qb = q[qo[b] : qo[b + 1]].reshape(t * h, QK_DIM)
@@ -73,12 +77,12 @@ def reference(
         # Draft key j is hidden from row (i, h) unless vis[i, j]: same mask for every head.
         draft_mask = vis.to(device).repeat_interleave(h, dim=0)  # [T*H, T]
 
-        row_max = torch.full((t * h,), -torch.inf, dtype=torch.float64, device=device)
-        row_sum = torch.zeros(t * h, dtype=torch.float64, device=device)
-        acc = torch.zeros(t * h, V_DIM, dtype=torch.float64, device=device)
+        row_max = torch.full((t * h,), -torch.inf, dtype=dtype, device=device)
+        row_sum = torch.zeros(t * h, dtype=dtype, device=device)
+        acc = torch.zeros(t * h, V_DIM, dtype=dtype, device=device)
         blocks = [(s, min(s + chunk, p), None) for s in range(0, p, chunk)] + [(p, p + t, draft_mask)]
         for start, stop, mask in blocks:
-            keys = pool[slots[start:stop]].to(device=device, dtype=torch.float64)
+            keys = pool[slots[start:stop]].to(device=device, dtype=dtype)
             scores = (qb @ keys.T) * scale  # [T*H, keys]
             if mask is not None:
                 scores = scores.masked_fill(~mask, -torch.inf)

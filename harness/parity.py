@@ -54,9 +54,21 @@ def check(
     out: torch.Tensor,
     lse: torch.Tensor | None,
     run_time_s: float | None = None,
+    *,
+    returns_lse: bool = False,
 ) -> ParityRow:
-    """The parity row of one implementation's (out, lse) on ``bundle``."""
+    """The parity row of one implementation's (out, lse) on ``bundle``. ``returns_lse``: the
+    implementation is registered as returning lse, so an lse of None fails (its lse check would
+    otherwise be skipped unseen); an entry that returns none says so in its row's reason."""
     n, h = bundle.num_tokens, bundle.num_heads
+    if not isinstance(out, torch.Tensor):
+        return ParityRow(
+            bundle=bundle.name,
+            impl=impl,
+            status="fail",
+            reason=f"out is {type(out).__name__}, expected a torch.Tensor [{n}, {h}, {V_DIM}]",
+            run_time_s=run_time_s,
+        )
     if tuple(out.shape) != (n, h, V_DIM):
         return ParityRow(
             bundle=bundle.name,
@@ -75,7 +87,7 @@ def check(
     ref_norm = ref.norm(dim=-1)
     rel = (got - ref).norm(dim=-1) / ref_norm
     cos = (got * ref).sum(-1) / (got.norm(dim=-1) * ref_norm)
-    rel = torch.nan_to_num(rel, nan=torch.inf)
+    rel = torch.nan_to_num(rel, nan=torch.inf, posinf=torch.inf)
     cos = torch.nan_to_num(cos, nan=-1.0)
     worst = int(torch.argmax(rel))
     worst_row = f"token {worst // h}, head {worst % h}"
@@ -88,14 +100,18 @@ def check(
         problems.append(f"cosine {min_cos:.6f} < {COS_TOL} ({int((cos < COS_TOL).sum())} rows)")
 
     max_lse = None
-    if lse is not None:
+    if lse is None and returns_lse:
+        problems.append("lse not returned (this implementation is registered as returning it)")
+    elif lse is not None and not isinstance(lse, torch.Tensor):
+        problems.append(f"lse is {type(lse).__name__}, expected a torch.Tensor [{n}, {h}]")
+    elif lse is not None:
         if tuple(lse.shape) != (n, h):
             problems.append(f"lse has shape {list(lse.shape)}, expected [{n}, {h}]")
         else:
             err = (
                 lse.detach().to(device="cpu", dtype=torch.float64) - bundle.golden_lse.to(torch.float64)
             ).abs()
-            max_lse = float(torch.nan_to_num(err, nan=torch.inf).max())
+            max_lse = float(torch.nan_to_num(err, nan=torch.inf, posinf=torch.inf).max())
             if max_lse > LSE_TOL:
                 problems.append(f"lse abs err {max_lse:.3g} > {LSE_TOL}")
 
@@ -116,7 +132,8 @@ def check(
         bundle=bundle.name,
         impl=impl,
         status="fail" if problems else "pass",
-        reason="; ".join(problems),
+        reason="; ".join(problems)
+        or ("" if lse is not None else "lse not provided: output and tokens checked"),
         max_rel_err=max_rel if np.isfinite(max_rel) else None,
         min_cosine=min_cos,
         max_lse_abs_err=max_lse if max_lse is None or np.isfinite(max_lse) else None,
@@ -137,11 +154,11 @@ def run_one(bundle: Bundle, batch: VerifyBatch, impl: Implementation) -> ParityR
         if batch.device.type == "cuda":
             torch.cuda.synchronize(batch.device)
         elapsed = time.perf_counter() - start
+        return check(bundle, impl.name, out, lse, run_time_s=round(elapsed, 4), returns_lse=impl.returns_lse)
     except Exception as e:  # any failure of an implementation is a result, not a crash of the run
         return ParityRow(
             bundle=bundle.name, impl=impl.name, status="error", reason=f"{type(e).__name__}: {e}"
         )
-    return check(bundle, impl.name, out, lse, run_time_s=round(elapsed, 4))
 
 
 def run_parity(
@@ -155,20 +172,25 @@ def run_parity(
     unavailable = [{"impl": name, "reason": reason} for name, (ok, reason) in availability.items() if not ok]
     rows = []
     seen: dict[str, str] = {}  # bundle name -> the --bundles entry that holds it
-    for name in bundle_names:
+    loaded = []
+    for name in bundle_names:  # every bundle checked before the first runs
         bundle = load(name)
         if seen.setdefault(bundle.name, name) != name:  # two files of one bundle: rows compare refuses
             raise BundleError(
                 f"--bundles: {name} holds bundle {bundle.name!r}, as {seen[bundle.name]} does; "
                 "expected each bundle once"
             )
+        loaded.append((name, bundle))
+    for name, bundle in loaded:
         start = time.perf_counter()
         batch = to_batch(bundle, device)
         log(f"{name}: pool materialised and checked in {time.perf_counter() - start:.1f} s")
         for impl in impls:
             ok, reason = availability[impl.name]
             if not ok:
-                rows.append(ParityRow(bundle=name, impl=impl.name, status="unavailable", reason=reason))
+                rows.append(
+                    ParityRow(bundle=bundle.name, impl=impl.name, status="unavailable", reason=reason)
+                )
                 continue
             row = run_one(bundle, batch, impl)
             log(f"  {impl.name:28s} {row.status:5s} {row.reason}")

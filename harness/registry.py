@@ -38,6 +38,8 @@ class Implementation:
     device_kind: str = "cuda"
     # the oracle is the reference; speedups are reported against it
     is_reference: bool = False
+    # whether its call returns lse (parity fails one that is registered so and returns None)
+    returns_lse: bool = True
 
 
 def impl_config_of(run_fn: RunFn) -> str:

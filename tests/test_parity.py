@@ -167,7 +167,9 @@ def test_certified_ratio_is_the_formula() -> None:
     assert ratios[0] == pytest.approx(min(gaps), rel=1e-12)
 
 
-def fake(name: str, available: bool = True, run: Callable[[], tuple] | None = None) -> Implementation:
+def fake(
+    name: str, available: bool = True, run: Callable[[], tuple] | None = None, returns_lse: bool = True
+) -> Implementation:
     return Implementation(
         name=name,
         description="test entry",
@@ -177,6 +179,7 @@ def fake(name: str, available: bool = True, run: Callable[[], tuple] | None = No
         ),
         prepare=lambda batch: run,
         device_kind="any",
+        returns_lse=returns_lse,
     )
 
 
@@ -205,6 +208,80 @@ def test_a_run_checks_each_implementation_s_lse_end_to_end(bundle: Loader) -> No
     assert by_impl["lse-off"].status == "fail" and "lse" in by_impl["lse-off"].reason
     assert by_impl["lse-off"].max_lse_abs_err == pytest.approx(2e-3, rel=1e-3)
     assert by_impl["lse-off"].max_rel_err == 0  # the out alone would have passed
+
+
+def test_an_entry_registered_with_lse_that_returns_none_fails(bundle: Loader) -> None:
+    """An lse of None skips the lse check: for an entry registered as returning lse (the kernel,
+    the oracle) that is a failure, or an off-by-one split that only lse catches on the CI bundles
+    (bundles/README.md) would pass; an entry registered without lse (SGLang's) passes and says so."""
+    golden = bundle("smoke")
+    run = lambda: (golden.golden_out.clone(), None)  # noqa: E731
+    with_lse, without = fake("kernel-like", run=run), fake("sglang-like", run=run, returns_lse=False)
+    rows, _ = parity.run_parity(["smoke"], [with_lse, without], torch.device("cpu"), log=lambda *_: None)
+    by_impl = {r.impl: r for r in rows}
+    assert by_impl["kernel-like"].status == "fail"
+    assert "lse not returned" in by_impl["kernel-like"].reason
+    assert by_impl["sglang-like"].status == "pass"
+    assert by_impl["sglang-like"].reason == "lse not provided: output and tokens checked"
+    assert parity.verdict(rows, with_mutations=False)[0] == 1
+
+
+def test_the_registered_entries_say_whether_they_return_lse() -> None:
+    from harness.registry import implementations
+
+    returns = {i.name: i.returns_lse for i in implementations()}
+    assert returns["sglang-triton-ps1"] is False
+    assert returns["oracle"] is True and returns["verify-attn-cuda"] is True
+
+
+@pytest.mark.parametrize(
+    ("result", "message"),
+    [
+        (
+            lambda g: (g.golden_out.numpy(), g.golden_lse),
+            "out is ndarray, expected a torch.Tensor [4, 8, 512]",
+        ),
+        (
+            lambda g: (g.golden_out.clone(), g.golden_lse.numpy()),
+            "lse is ndarray, expected a torch.Tensor [4, 8]",
+        ),
+    ],
+    ids=["out", "lse"],
+)
+def test_an_output_that_is_not_a_tensor_is_a_failing_row_not_a_crash(
+    bundle: Loader, result: Callable[[bundles.Bundle], tuple], message: str
+) -> None:
+    golden = bundle("smoke")
+    impls = [
+        fake("numpy-out", run=lambda: result(golden)),
+        fake("exact", run=lambda: (golden.golden_out, golden.golden_lse)),
+    ]
+    rows, _ = parity.run_parity(["smoke"], impls, torch.device("cpu"), log=lambda *_: None)
+    assert [(r.impl, r.status) for r in rows] == [("numpy-out", "fail"), ("exact", "pass")]
+    assert message in rows[0].reason
+
+
+def test_an_infinite_lse_error_is_recorded_as_no_number_not_the_largest_float(bundle: Loader) -> None:
+    b = bundle("smoke")
+    lse = b.golden_lse.double().clone()
+    lse[1, 2] = float("inf")
+    row = parity.check(b, "x", golden(b), lse)
+    assert row.status == "fail" and "lse abs err inf > 0.001" in row.reason
+    assert row.max_lse_abs_err is None
+
+
+def test_an_unavailable_row_names_the_bundle_as_the_run_rows_do(bundle: Loader) -> None:
+    golden = bundle("smoke")
+    impls = [
+        fake("absent", available=False),
+        fake("exact", run=lambda: (golden.golden_out, golden.golden_lse)),
+    ]
+    path = str(bundles.bundle_path("smoke"))
+    rows, _ = parity.run_parity([path], impls, torch.device("cpu"), log=lambda *_: None)
+    assert [(r.bundle, r.impl, r.status) for r in rows] == [
+        ("smoke", "absent", "unavailable"),
+        ("smoke", "exact", "pass"),
+    ]
 
 
 def row(impl: str, status: str, bundle: str = "smoke") -> ParityRow:
@@ -516,6 +593,16 @@ def test_two_files_of_one_bundle_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
     assert run_cli(["parity", *argv, "--out", str(tmp_path / "run")]) == 2
     assert f"--bundles: {copy} holds bundle 'smoke', as smoke does" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_two_files_of_one_bundle_are_refused_before_any_bundle_runs(tmp_path: Path) -> None:
+    copy = tmp_path / "copy.pt"
+    copy.write_bytes(bundles.bundle_path("smoke").read_bytes())
+    ran = []
+    impl = fake("counted", run=lambda: ran.append(1))
+    with pytest.raises(bundles.BundleError, match="expected each bundle once"):
+        parity.run_parity(["smoke", "ddtree", str(copy)], [impl], torch.device("cpu"), log=lambda *_: None)
+    assert not ran
 
 
 def test_impls_of_which_none_is_available_exit_2_saying_nothing_was_checked(

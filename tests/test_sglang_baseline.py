@@ -225,6 +225,29 @@ def test_older_release_path_is_used_when_the_new_one_is_missing(fresh_import: py
     assert loaded.module == old and loaded.extend_attention_fwd is extend_attention_fwd
 
 
+def test_a_baseline_that_writes_nothing_fails_parity_not_shows_a_freed_buffer(
+    fresh_import: pytest.MonkeyPatch,
+) -> None:
+    """The entry's output is a fresh allocation, as the backend's: the caching allocator hands
+    back the previous entry's freed output of the same size, so a kernel that left rows unwritten
+    would show the kernel's values there. Its first call (parity's) NaN-fills the output."""
+    from harness import parity
+    from harness.bundles import load, to_batch
+
+    def writes_nothing(**kwargs: object) -> None: ...
+
+    writes_nothing.__signature__ = inspect.Signature(
+        [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in impl_sglang.KERNEL_PARAMS]
+    )
+    _fake_sglang(fresh_import, impl_sglang.KERNEL_MODULES[0], writes_nothing)
+    b = load("smoke")
+    batch = to_batch(b)
+    batch = dataclasses.replace(batch, q=batch.q.half(), kv_cache=batch.kv_cache.half())
+    out, lse = impl_sglang.prepare(batch)()
+    assert lse is None and bool(out.isnan().all())
+    assert parity.check(b, impl_sglang.NAME, out, lse).status == "fail"
+
+
 def test_a_kernel_without_the_verify_parameters_is_unavailable(fresh_import: pytest.MonkeyPatch) -> None:
     def extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, req_to_tokens): ...
 
