@@ -6,10 +6,14 @@
 Each side is a ``results.json``, a report folder, or a git revision. A revision stands for its
 committed report under ``reports/``: the newest run (by ``created_utc``) of the same GPU model,
 kind and grid as the other side; when both sides are revisions, every (GPU model, kind, grid)
-group present at both is compared. ``--history DIR`` compares, for every such group with two runs
-or more among the results files under DIR that git tracks or would track (committed, staged, or
-new and not ignored: in a clean checkout, the committed runs; every file under DIR outside a git
-work tree), the newest two. Runs of kind "ab" hold both sides in one file and are left out there.
+group present at both is compared. ``--history DIR`` reads the results files under DIR that git
+tracks or would track (committed, staged, or new and not ignored: in a clean checkout, the
+committed runs; every file under DIR outside a git work tree) and, for every such group, compares
+its newest run with the newest run of another commit (with the newest before it when every run is
+of one commit: a re-run of a commit must not stand in for the commit before it, or a regression
+judged against a re-run of itself would read SAME); a group of one run is judged alone, against
+nothing: each failing parity row of it counts. Runs of kind "ab" hold both sides in one file and
+are left out there.
 
 Timing verdict per matching case (same case_id, implementation and mode), from the raw samples
 (``SweepRow.samples_ms``), never from a mean. With ``change = median(HEAD) / median(BASE) - 1``,
@@ -20,7 +24,8 @@ Timing verdict per matching case (same case_id, implementation and mode), from t
     NOISY    neither, and spread(BASE) > m or spread(HEAD) > m, or the change is beyond those
              bounds (undecided), or fewer than 6 samples on a side
     SAME     otherwise: both sides tight enough to have shown a change of m, and none shown
-    NO DATA  a side has no usable samples (a regression when BASE had them and HEAD has not)
+    NO DATA  a side has no usable samples (a regression when BASE had them and HEAD has not);
+             a sample that is not finite and positive is left out (and counted in the reason)
 
 Why these conditions and thresholds:
 
@@ -44,8 +49,13 @@ Why these conditions and thresholds:
 - The Mann-Whitney U test (two-sided, normal approximation with tie correction and continuity
   correction; samples are stored rounded, so ties are common) guards the small-sample case, where
   a few samples can fall apart by chance. Alpha 0.01 over the hundreds of cases of a sweep gives
-  few chance hits, and a chance hit must also pass the interval and effect conditions. With the
-  continuity correction six samples a side are the fewest that can reach it, hence the minimum.
+  few chance hits, and a chance hit must also pass the interval and effect conditions. Where the
+  two samples separate completely (every HEAD sample above every BASE one, or below) p is the
+  exact permutation probability of that, 2 / C(n1 + n2, n1), which the normal approximation
+  overstates for small samples: the sweep gives a slow call as few as 3 samples (its one-second
+  budget), so a call 10x slower has the fewest, and 3 against 10 separated reads p = 0.007 exactly
+  (0.014 approximated). SLOWER and FASTER need only p < 0.01, for any sizes; SAME needs six
+  samples a side, since the quartiles of fewer cannot vouch that a change of m would have shown.
 
 Parity regressions always count: a row that fails or errs in HEAD where it did not in BASE (a
 new row that fails included), or whose target tokens or accepted path stop matching. Mutation
@@ -66,7 +76,11 @@ a sweep's ``--impls``, ``--modes``, ``--case-filter`` or ``--shard``, a parity r
 or the absence of ``--mutations``. A narrowed run thus forms its own group in ``--history`` and is
 never taken for the newest run of the whole grid, whose rows it lacks (a row of BASE missing from
 HEAD is listed, BASE ONLY, and does not gate, unless HEAD has no timed rows, or no parity rows, at
-all: such a run vouches for nothing, and every BASE row counts against it);
+all: such a run vouches for nothing, and every BASE row counts against it; between runs of one
+grid, an implementation with no timed row in HEAD counts the same way, so that ``--gate-impls``
+cannot gate nothing). A kernel built other than by default (extra nvcc flags or a
+``VERIFY_ATTN_ARCHS`` of another arch list: ``build_flags.tuning``) makes a run of its own grid
+too, and ``BASE HEAD`` of different builds are refused unless ``--force``;
 timings are compared only when both runs had a GPU (a CPU-only parity run compares parity only).
 
 Gated implementations: by default every SLOWER counts. ``--gate-impls a,b`` keeps every verdict
@@ -118,7 +132,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from harness.cli import check_out_dir, nonempty_folder
+from harness.cli import check_out_dir, nonempty_folder, shown
 from harness.results import (
     ParityRow,
     Results,
@@ -233,8 +247,18 @@ class TimingDecision:
     p_value: float | None = None
 
 
-def _usable(samples: Sequence[float]) -> bool:
-    return len(samples) > 0 and all(math.isfinite(s) and s > 0 for s in samples)
+def _usable(samples: Sequence[float]) -> list[float]:
+    """The samples that are finite and positive (a time of 0 is a clock's resolution, not a time)."""
+    return [s for s in samples if math.isfinite(s) and s > 0]
+
+
+def separated_p(base: Sequence[float], head: Sequence[float]) -> float | None:
+    """The exact two-sided p of two samples that separate completely (each value of one above
+    each of the other): 2 / C(n1 + n2, n1), the chance of either extreme ordering; None when they
+    overlap or touch."""
+    if min(head) > max(base) or min(base) > max(head):
+        return min(1.0, 2.0 / math.comb(len(base) + len(head), len(base)))
+    return None
 
 
 def timing_decision(
@@ -243,22 +267,31 @@ def timing_decision(
     """The verdict of the module docstring for one case, from the two raw samples."""
     if not 0.0 < min_change < 1.0:
         raise ValueError(f"min_change must be a fraction in (0, 1), got {min_change!r}")
-    if not (_usable(base_ms) and _usable(head_ms)):
-        missing = [name for name, s in (("BASE", base_ms), ("HEAD", head_ms)) if not _usable(s)]
+    usable_base, usable_head = _usable(base_ms), _usable(head_ms)
+    if not (usable_base and usable_head):
+        missing = [name for name, s in (("BASE", usable_base), ("HEAD", usable_head)) if not s]
         return TimingDecision(
             NO_DATA,
             f"{' and '.join(missing)} {'has' if len(missing) == 1 else 'have'} no usable samples "
-            "(none, or not all finite and positive)",
-            regression=_usable(base_ms),
+            "(none that is finite and positive)",
+            regression=bool(usable_base),
         )
-    bs, hs = sample_stats(base_ms), sample_stats(head_ms)
+    dropped = len(base_ms) - len(usable_base) + len(head_ms) - len(usable_head)
+    bs, hs = sample_stats(usable_base), sample_stats(usable_head)
     change = hs.median_ms / bs.median_ms - 1.0
-    _, p = mann_whitney_u(base_ms, head_ms)
-    common = {"base": bs, "head": hs, "change": change, "p_value": p}
-    if min(bs.n, hs.n) < MIN_SAMPLES:
-        return TimingDecision(
-            NOISY, f"too few samples to decide ({bs.n} vs {hs.n}, need {MIN_SAMPLES})", **common
+    _, p = mann_whitney_u(usable_base, usable_head)
+    exact = separated_p(usable_base, usable_head)
+    p = p if exact is None else exact
+    decision = _decide(bs, hs, change, p, min_change)
+    if dropped:
+        decision = replace(
+            decision, reason=f"{decision.reason} ({dropped} samples not finite and positive left out)"
         )
+    return decision
+
+
+def _decide(bs: SampleStats, hs: SampleStats, change: float, p: float, min_change: float) -> TimingDecision:
+    common = {"base": bs, "head": hs, "change": change, "p_value": p}
     limit = f"{100 * min_change:.3g} %"
     faster_bound = -min_change / (1.0 + min_change)  # the same ratio as +min_change, the other way
     if hs.q1_ms > bs.q3_ms and change > min_change and p < ALPHA:
@@ -281,6 +314,10 @@ def timing_decision(
         for name, s in (("BASE", bs), ("HEAD", hs))
         if s.spread > min_change
     ]
+    if min(bs.n, hs.n) < MIN_SAMPLES:
+        return TimingDecision(
+            NOISY, f"too few samples to call SAME ({bs.n} vs {hs.n}, need {MIN_SAMPLES})", **common
+        )
     if wide:
         return TimingDecision(NOISY, f"{', '.join(wide)} > {limit}: a change of {limit} could hide", **common)
     if change > min_change or change < faster_bound:
@@ -432,13 +469,24 @@ def _command_words(command: str) -> list[str]:
 
 def narrowed_by(results: Results) -> list[str]:
     """What made a run cover less than its whole grid, from its command line: e.g.
-    ``["--modes cold"]``, or ``["no --mutations"]`` for a parity run without the controls."""
+    ``["--modes cold"]``, or ``["no --mutations"]`` for a parity run without the controls; and
+    a kernel built other than by default (:func:`build_tuning`)."""
     command = results.command
     names = PARITY_NARROWING if results.kind == "parity" else SWEEP_NARROWING
     found = [f"{name} {value}" for name in names if (value := _command_option(command, name))]
     if results.kind == "parity" and "--mutations" not in _command_words(command):
         found.append("no --mutations")
+    if tuning := build_tuning(results):
+        found.append(f"built with {' '.join(tuning)}")
     return found
+
+
+def build_tuning(results: Results) -> list[str]:
+    """The kernel build's flags beyond its GPU's default (``kernel.build.tuning``, recorded in
+    ``environment.build_flags.tuning``; none in runs recorded before it was)."""
+    flags = (results.environment or {}).get("build_flags") if isinstance(results.environment, dict) else None
+    tuning = flags.get("tuning") if isinstance(flags, dict) else None
+    return [str(t) for t in tuning] if isinstance(tuning, list) else []
 
 
 def run_grid(results: Results) -> str:
@@ -535,6 +583,13 @@ def check_comparable(base: Side, head: Side, *, force: bool) -> None:
     if bk.kind != hk.kind:
         raise CompareError(
             f"BASE is a {bk.kind!r} run and HEAD a {hk.kind!r} run; expected runs of one kind (or pass --force)"
+        )
+    bt, ht = build_tuning(base.results), build_tuning(head.results)
+    if bt != ht:
+        raise CompareError(
+            f"BASE's kernel was built with {' '.join(bt) or 'the default flags'} and HEAD's with "
+            f"{' '.join(ht) or 'the default flags'}: timings of different builds are not like with like "
+            "(pass --force to compare anyway)"
         )
 
 
@@ -664,10 +719,22 @@ def compare_results(
         ht = _index((r for r in head.results.sweep if keep(r.impl)), tkey, "HEAD")
         if bt and not ht:
             notes.append("HEAD has no timed rows: every BASE row counts as NO DATA")
+        # Runs of one grid time the same implementations: one of them gone from HEAD altogether
+        # vouches for none of its cases (a gate on it would otherwise read "no regression").
+        head_impls = {impl for _, impl, _ in ht}
+        gone = (
+            sorted({impl for _, impl, _ in bt} - head_impls) if base.key.grid == head.key.grid and ht else []
+        )
+        if gone:
+            notes.append(
+                f"HEAD has no timed rows of {', '.join(gone)}: each of their BASE rows counts as NO DATA"
+            )
         for k in _ordered_keys(bt, ht):
             b, h = bt.get(k), ht.get(k)
             if h is None and not ht:
                 decision = TimingDecision(NO_DATA, "HEAD has no timed rows at all", regression=True)
+            elif h is None and k[1] in gone:
+                decision = TimingDecision(NO_DATA, f"HEAD has no timed rows of {k[1]}", regression=True)
             elif b is None or h is None:
                 decision = TimingDecision(HEAD_ONLY if b is None else BASE_ONLY, "case run on one side only")
             else:
@@ -730,14 +797,16 @@ def repo_root(start: Path) -> Path:
     return Path(_git(start, "rev-parse", "--show-toplevel").strip())
 
 
+def _run_git(args: list[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=False)
+    except FileNotFoundError as e:
+        raise CompareError("git is not installed; revisions and the committed history cannot be read") from e
+
+
 def resolve_revision(repo: Path, rev: str) -> str | None:
     """The full commit sha of ``rev``, or None when it names no commit."""
-    proc = subprocess.run(
-        ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = _run_git(["-C", str(repo), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"])
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
@@ -785,9 +854,8 @@ def tracked_results(folder: Path) -> list[Path]:
     folder = Path(folder)
     if not folder.is_dir():
         raise CompareError(f"--history: {folder} is not a folder")
-    proc = subprocess.run(
+    proc = _run_git(
         [
-            "git",
             "-C",
             str(folder),
             "ls-files",
@@ -798,26 +866,47 @@ def tracked_results(folder: Path) -> list[Path]:
             "--exclude-standard",
             "--",
             ".",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
+        ]
     )
     if proc.returncode != 0:
-        return results_files_under(folder)
+        if "not a git repository" in proc.stderr:
+            return results_files_under(folder)
+        # Any other failure (a repository git refuses to read, e.g. of another owner) must not
+        # widen the history to git-ignored scratch runs: it is an error, named.
+        raise CompareError(f"--history {folder}: git ls-files failed: {proc.stderr.strip()}")
     root = repo_root(folder)
     paths = {root / p for p in proc.stdout.split("\0") if p and is_results_file(p)}
     return one_per_run(sorted(p for p in paths if p.is_file()))
 
 
+def _sha(side: Side) -> object:
+    return side.results.git.get("sha") if isinstance(side.results.git, dict) else None
+
+
+def history_groups(folder: Path) -> list[tuple[Side | None, Side]]:
+    """(BASE, HEAD) for every group of runs under ``folder``: HEAD its newest run, BASE the newest
+    run of another commit (a second run of HEAD's commit must not stand in for the commit before
+    it: a regression judged against a re-run of itself would read SAME), or of HEAD's own commit
+    when the group has no other; None when the group has one run (judged alone: its parity)."""
+    sides = [Side(str(shown(p)), load_results(p)) for p in tracked_results(folder)]
+    out: list[tuple[Side | None, Side]] = []
+    for _, runs in sorted(newest_by_key(sides).items(), key=lambda kv: str(kv[0])):
+        head, older = runs[0], runs[1:]
+        base = next((r for r in older if _sha(r) != _sha(head)), older[0] if older else None)
+        out.append((base, head))
+    return out
+
+
 def history_pairs(folder: Path) -> list[tuple[Side, Side]]:
-    """(older, newer) for the newest two runs of every group with two or more."""
-    sides = [Side(str(p), load_results(p)) for p in tracked_results(folder)]
-    return [
-        (runs[1], runs[0])
-        for _, runs in sorted(newest_by_key(sides).items(), key=lambda kv: str(kv[0]))
-        if len(runs) >= 2
-    ]
+    """(BASE, HEAD) of every group with two runs or more (:func:`history_groups`)."""
+    return [(base, head) for base, head in history_groups(folder) if base is not None]
+
+
+def nothing_before(head: Side) -> Side:
+    """An empty BASE for a group's only run: compared with it, each failing parity row of the
+    run is a new row that fails, and each mutation control it catches nowhere counts, as in
+    any comparison; its timed rows are HEAD ONLY (a timing has nothing to be judged against)."""
+    return Side("(no earlier run of this group)", replace(head.results, parity=[], sweep=[], unavailable=[]))
 
 
 def untracked_note(folder: Path) -> str:
@@ -880,6 +969,11 @@ def resolve_pairs(base_arg: str, head_arg: str, *, cwd: Path | None = None) -> l
     if not match:
         raise CompareError(f"{name}: {rev!r} has no committed run of {other.key} under {REPORTS_FOLDER}/")
     sides[name] = match[0]
+    if match[0].results.to_json() == other.results.to_json():
+        raise CompareError(
+            f"{name}: {rev!r}'s newest committed run of {other.key} is {other.label} itself; "
+            "nothing to compare (name an earlier revision)"
+        )
     return [(sides["BASE"], sides["HEAD"])]  # type: ignore[list-item]
 
 
@@ -1224,11 +1318,18 @@ def _same_committed_run(a: Side, b: Side) -> bool:
 
 
 def _report(
-    pairs: Sequence[tuple[Side, Side]], args: argparse.Namespace, waivers: Sequence[Waiver] = ()
+    pairs: Sequence[tuple[Side | None, Side]], args: argparse.Namespace, waivers: Sequence[Waiver] = ()
 ) -> int:
     regressions = 0
     for base, head in pairs:
-        if _same_committed_run(base, head):
+        if base is None:  # a group's only run (--history): its own parity failures count
+            c = compare_results(nothing_before(head), head, impls=args.impls, gated_impls=args.gate_impls)
+            if not c.regressions:
+                print(f"{head.key}: one run ({head.label}); no parity row of it fails\n")
+                continue
+            base = c.base
+            print(f"{head.key}: one run ({head.label}); judged alone, its failing parity rows count\n")
+        elif _same_committed_run(base, head):
             print(f"{head.key}: BASE and HEAD are the same run ({head.label}); nothing new to compare\n")
             continue
         c = compare_results(
@@ -1267,10 +1368,16 @@ def matched(c: Comparison) -> int:
     )
 
 
-def check_impl_names(pairs: Sequence[tuple[Side, Side]], args: argparse.Namespace) -> None:
+def check_impl_names(pairs: Sequence[tuple[Side | None, Side]], args: argparse.Namespace) -> None:
     """CompareError when a name of ``--impls`` or a pattern of ``--gate-impls`` matches no
     implementation of the runs compared: a typo there would compare or gate nothing, silently."""
-    found = {r.impl for pair in pairs for side in pair for r in (*side.results.parity, *side.results.sweep)}
+    found = {
+        r.impl
+        for pair in pairs
+        for side in pair
+        if side is not None
+        for r in (*side.results.parity, *side.results.sweep)
+    }
     known = ", ".join(sorted(found)) or "none"
     for option, names, hit in (
         ("--impls", args.impls, lambda n: n in found),
@@ -1304,15 +1411,15 @@ def run(args: argparse.Namespace) -> int:
                     f"--history {args.history}: no results.json (or results.json.gz) found there; "
                     "expected the reports folder"
                 )
-            pairs = history_pairs(Path(args.history))
+            pairs = history_groups(Path(args.history))
             if args.waivers is None and (Path(args.history) / WAIVERS_FILE).is_file():
                 args.waivers = Path(args.history) / WAIVERS_FILE
-            if not pairs:
+            if not any(base is not None for base, _ in pairs):
                 print(
-                    f"compare --history {args.history}: no GPU model, kind and grid has two runs; nothing to compare"
+                    f"compare --history {args.history}: no GPU model, kind and grid has two runs; "
+                    "each run's parity is judged alone, nothing to compare"
                     + untracked_note(Path(args.history))
                 )
-                return 0
         else:
             if not (args.base and args.head):
                 raise CompareError(

@@ -191,8 +191,27 @@ def load_extension(verbose: bool = False) -> ModuleType:
         list(CXX_FLAGS),
         verbose,
     )
-    _loaded_build = {"target_archs": archs, "cuda_flags": flags}
+    _loaded_build = {"target_archs": archs, "cuda_flags": flags, "tuning": tuning()}
     return _loaded
+
+
+def tuning() -> list[str]:
+    """What makes this build other than the default one for its GPU: the nvcc flags added by
+    ``$VERIFY_ATTN_EXTRA_CUDA_FLAGS`` or ``EXTRA_CUDA_FLAGS``, and an arch list set by
+    ``$VERIFY_ATTN_ARCHS`` (empty for a default build). Runs of such builds are compared only with
+    their like (harness/compare.py)."""
+    extra = [*os.environ.get("VERIFY_ATTN_EXTRA_CUDA_FLAGS", "").split(), *EXTRA_CUDA_FLAGS]
+    env = os.environ.get("VERIFY_ATTN_ARCHS")
+    if not env:
+        return extra
+    archs = with_sm90a(env)
+    import torch
+
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        if archs == with_sm90a(f"{major}.{minor}"):  # what the build picks for this GPU anyway
+            return extra
+    return [*extra, f"VERIFY_ATTN_ARCHS={archs}"]
 
 
 def loaded_build() -> dict[str, object] | None:

@@ -92,5 +92,19 @@ def test_the_loaded_build_records_its_archs_and_flags(monkeypatch: pytest.Monkey
     assert build.loaded_build() is None
     build.load_extension()
     assert seen["archs"] == "9.0a;12.0" and seen["name"].startswith("verify_attention_")
-    assert build.loaded_build() == {"target_archs": "9.0a;12.0", "cuda_flags": seen["flags"]}
+    assert build.loaded_build() == {
+        "target_archs": "9.0a;12.0",
+        "cuda_flags": seen["flags"],
+        "tuning": ["VERIFY_ATTN_ARCHS=9.0a;12.0"],  # not this machine's default build (it has no GPU)
+    }
     assert "-DVA_HAVE_SM90A" in build.loaded_build()["cuda_flags"]
+
+
+def test_a_default_build_records_no_tuning_and_extra_flags_are_recorded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("VERIFY_ATTN_ARCHS", raising=False)
+    monkeypatch.delenv("VERIFY_ATTN_EXTRA_CUDA_FLAGS", raising=False)
+    assert build.tuning() == []
+    monkeypatch.setenv("VERIFY_ATTN_EXTRA_CUDA_FLAGS", "-DVA_WS_BLOCK_N=32  -G")
+    assert build.tuning() == ["-DVA_WS_BLOCK_N=32", "-G"]

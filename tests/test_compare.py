@@ -142,11 +142,34 @@ def test_mann_whitney_p_is_one_when_all_samples_are_equal() -> None:
     assert compare.mann_whitney_u([2.0] * 5, [2.0] * 7)[1] == 1.0
 
 
-def test_six_separated_samples_per_side_reach_alpha_and_five_do_not() -> None:
-    # The reason MIN_SAMPLES is 6 (with the continuity correction).
+def test_six_separated_samples_per_side_reach_alpha_approximated_and_five_do_not() -> None:
+    # The normal approximation (with the continuity correction) overstates p for small samples.
     assert compare.mann_whitney_u(range(6), range(10, 16))[1] < compare.ALPHA
     assert compare.mann_whitney_u(range(5), range(10, 15))[1] > compare.ALPHA
     assert compare.MIN_SAMPLES == 6
+
+
+@pytest.mark.parametrize(
+    ("n_base", "n_head", "exact"),
+    [(5, 5, 2 / 252), (10, 3, 2 / 286), (15, 5, 2 / 15504), (3, 3, 2 / 20), (4, 4, 2 / 70)],
+)
+def test_completely_separated_samples_get_the_exact_permutation_p(
+    n_base: int, n_head: int, exact: float
+) -> None:
+    assert compare.separated_p(list(range(n_base)), list(range(100, 100 + n_head))) == pytest.approx(exact)
+    assert compare.separated_p(list(range(100, 100 + n_base)), list(range(n_head))) == pytest.approx(exact)
+    assert compare.separated_p([1.0, 2.0], [2.0, 3.0]) is None  # touching: not separated
+
+
+@pytest.mark.parametrize(("factor", "n_head"), [(3, 9), (5, 5), (10, 3)])
+def test_a_large_slowdown_with_the_few_samples_a_slow_call_gets_is_slower(factor: float, n_head: int) -> None:
+    """The sweep's one-second budget gives a call 5x slower 5 samples and one 10x slower 3
+    (timing.sample_budget): the worst regressions have the fewest samples, and must still gate."""
+    base = [34.0 * (1 + 0.002 * i) for i in range(15)]
+    head = [34.0 * factor * (1 + 0.002 * i) for i in range(n_head)]
+    d = compare.timing_decision(base, head)
+    assert (d.verdict, d.regression) == (compare.SLOWER, True), d.reason
+    assert d.p_value < compare.ALPHA
 
 
 # --- timing verdicts ----------------------------------------------------------------------------
@@ -199,10 +222,26 @@ def test_disjoint_intervals_without_a_significant_rank_test_are_not_slower() -> 
     assert d.verdict == compare.NOISY
 
 
-def test_too_few_samples_are_noisy_even_when_far_apart() -> None:
-    d = compare.timing_decision([1.0, 1.01, 1.0, 1.02, 1.0], [2.0, 2.0, 2.01, 2.0, 2.02])
+def test_too_few_samples_to_separate_are_noisy_even_when_far_apart() -> None:
+    # Three a side separate by chance one time in ten (p = 2 / C(6, 3)).
+    d = compare.timing_decision([1.0, 1.01, 1.02], [2.0, 2.01, 2.02])
+    assert d.verdict == compare.NOISY and d.p_value == pytest.approx(0.1)
+
+
+def test_too_few_samples_never_read_same() -> None:
+    d = compare.timing_decision([1.0, 1.001, 1.002, 1.0, 1.001], [1.0, 1.001, 1.002, 1.001, 1.0])
     assert d.verdict == compare.NOISY
-    assert "too few samples" in d.reason
+    assert "too few samples to call SAME (5 vs 5, need 6)" in d.reason
+
+
+def test_a_sample_of_zero_is_left_out_not_the_whole_row() -> None:
+    base, head = timings(0.5, seed=1), timings(0.55, seed=2)
+    d = compare.timing_decision(base, [0.0, *head])
+    assert (d.verdict, d.regression) == (compare.SLOWER, True)
+    assert "(1 samples not finite and positive left out)" in d.reason
+    assert d.head.n == len(head)
+    d = compare.timing_decision([0.0, *base], head)
+    assert d.verdict == compare.SLOWER and d.base.n == len(base)
 
 
 def test_head_without_samples_is_no_data_and_a_regression() -> None:
@@ -957,11 +996,25 @@ def test_a_malformed_waiver_file_is_refused_naming_the_field(
     assert message in err and "waivers.toml" in err
 
 
-def test_the_committed_waivers_file_parses() -> None:
-    path = Path(__file__).resolve().parent.parent / "reports" / compare.WAIVERS_FILE
-    if path.exists():
-        for w in compare.load_waivers(path):
-            assert w.cases and w.reason and w.evidence
+def test_every_committed_waiver_names_a_pair_of_committed_runs_and_their_cases() -> None:
+    """A waiver whose runs or cases are not in the history is dead text (a typo in a sha or a
+    case id): it waives nothing and says it does."""
+    reports = Path(__file__).resolve().parent.parent / "reports"
+    waivers = compare.load_waivers(reports / compare.WAIVERS_FILE)
+    assert waivers
+    runs = [compare.Side(str(p), compare.load_results(p)) for p in compare.tracked_results(reports)]
+
+    def runs_of(w: compare.Waiver, prefix: str) -> list[compare.Side]:
+        key = compare.RunKey(w.gpu_model, w.kind, w.grid)
+        return [r for r in runs if r.key == key and str(r.results.git.get("sha", "")).startswith(prefix)]
+
+    for w in waivers:
+        assert runs_of(w, w.base), f"waiver {w.base} -> {w.head}: no committed {w.grid} run of {w.base}"
+        heads = runs_of(w, w.head)
+        assert heads, f"waiver {w.base} -> {w.head}: no committed {w.grid} run of {w.head}"
+        timed = {(r.case_id, r.mode) for h in heads for r in h.results.sweep if r.impl == w.impl}
+        missing = [c for c in w.cases if c not in timed]
+        assert not missing, f"waiver {w.base} -> {w.head} names cases its HEAD run did not time: {missing}"
 
 
 def test_history_with_nothing_to_compare_exits_0_and_says_so(
@@ -1154,3 +1207,125 @@ def test_a_decided_row_that_was_throttled_is_marked_and_noted(side: str) -> None
     noted = any("throttled on one side" in n for n in c.notes)
     assert noted == (side != "neither")
     assert ("SLOWER (throttled)" in compare.format_terminal(c)) == (side != "neither")
+
+
+# --- the gate's blind spots (history groups, gated implementations, builds, revisions, git) ------
+
+
+def test_history_judges_a_groups_only_run_by_its_own_failing_parity_rows(
+    tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A narrowed run, or the first run of a new GPU model or grid, is its group's only run: its
+    failing parity rows must count (DESIGN: parity regressions always count), not go unread."""
+    reports = tmp_path / "reports"
+    for i in (1, 2):
+        save(
+            make_results(
+                parity=[parity_row("smoke", "pass")],
+                kind="parity",
+                sha=str(i) * 40,
+                created=f"2025-01-0{i}T00:00:00Z",
+            ),
+            reports / f"p{i}",
+        )
+    lone = make_results(
+        parity=[parity_row("smoke", "fail", reason="rel err 0.5")], kind="parity", sha="3" * 40
+    )
+    lone.command = "python -m harness parity --impls verify-attn-cuda --mutations"
+    save(lone, reports / "narrowed")
+    assert run_cli("--history", str(reports), "--out", str(out_dir)) == 1
+    out = capsys.readouterr().out
+    assert "one run (" in out and "judged alone, its failing parity rows count" in out
+    assert "REGRESSED" in out
+    # The same run passing: one line, no page, exit 0.
+    lone.parity = [parity_row("smoke", "pass")]
+    save(lone, reports / "narrowed")
+    assert run_cli("--history", str(reports), "--out", str(out_dir)) == 0
+    assert "no parity row of it fails" in capsys.readouterr().out
+
+
+def test_history_base_is_the_newest_run_of_another_commit(
+    tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second run of HEAD's commit must not stand in for the commit before it: the 30 %
+    regression from 1 to 2 stays SLOWER after a re-run of 2 is committed."""
+    reports = tmp_path / "reports"
+    save(one_case(0.100, seed=1, sha="1" * 40, created="2025-01-01T00:00:00Z"), reports / "r1")
+    save(one_case(0.130, seed=2, sha="2" * 40, created="2025-01-02T00:00:00Z"), reports / "r2")
+    assert run_cli("--history", str(reports), "--out", str(out_dir)) == 1
+    capsys.readouterr()
+    save(one_case(0.130, seed=3, sha="2" * 40, created="2025-01-03T00:00:00Z"), reports / "r3")
+    ((base, head),) = compare.history_pairs(reports)
+    assert base.label.endswith("r1/results.json") and head.label.endswith("r3/results.json")
+    assert run_cli("--history", str(reports), "--out", str(out_dir)) == 1
+    assert "SLOWER 1" in capsys.readouterr().out
+    # A group whose runs are all of one commit compares its newest two.
+    same = tmp_path / "same"
+    save(one_case(0.100, seed=1, sha="1" * 40, created="2025-01-01T00:00:00Z"), same / "a")
+    save(one_case(0.100, seed=2, sha="1" * 40, created="2025-01-02T00:00:00Z"), same / "b")
+    ((base, head),) = compare.history_pairs(same)
+    assert base.label.endswith("a/results.json") and head.label.endswith("b/results.json")
+
+
+def test_a_gated_implementation_gone_from_head_counts_as_no_data(
+    tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--gate-impls 'verify-attn-cuda*'` over a HEAD that timed only the reference would gate
+    nothing and read "no regression"."""
+    base = _two_impl_results(0.5, 10.0, seed=1)
+    head = _two_impl_results(0.5, 10.0, seed=5)
+    head.sweep = [r for r in head.sweep if r.impl != "verify-attn-cuda"]
+    a, b = str(save(base, tmp_path / "a")), str(save(head, tmp_path / "b"))
+    assert run_cli(a, b, "--out", str(out_dir), "--gate-impls", "verify-attn-cuda*") == 1
+    out = capsys.readouterr().out
+    assert "HEAD has no timed rows of verify-attn-cuda" in out and "NO DATA" in out
+    # The reference gone instead: listed as NO DATA, not gated.
+    head = _two_impl_results(0.5, 10.0, seed=5)
+    head.sweep = [r for r in head.sweep if r.impl == "verify-attn-cuda"]
+    b = str(save(head, tmp_path / "c"))
+    assert run_cli(a, b, "--out", str(out_dir), "--gate-impls", "verify-attn-cuda*") == 0
+
+
+def _built_with(results: Results, tuning: list[str]) -> Results:
+    return replace(results, environment={**results.environment, "build_flags": {"tuning": tuning}})
+
+
+def test_runs_of_differently_built_kernels_are_not_compared_as_like(
+    tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = one_case(0.1, seed=1, sha="1" * 40, created="2025-01-01T00:00:00Z")
+    trial = _built_with(one_case(0.2, seed=2, sha="2" * 40, created="2025-01-02T00:00:00Z"), ["-DVA_TRIAL=1"])
+    a, b = str(save(base, tmp_path / "a")), str(save(trial, tmp_path / "b"))
+    assert run_cli(a, b, "--out", str(out_dir)) == 2
+    assert (
+        "HEAD's with -DVA_TRIAL=1: timings of different builds are not like with like"
+        in capsys.readouterr().err
+    )
+    assert run_cli(a, b, "--out", str(out_dir), "--force") == 1
+    # In the history a tuned build's run forms a group of its own, like a narrowed run.
+    reports = tmp_path / "reports"
+    save(base, reports / "a")
+    save(trial, reports / "b")
+    assert compare.run_grid(trial) == "quick [built with -DVA_TRIAL=1]"
+    assert compare.history_pairs(reports) == []
+
+
+def test_a_revision_that_resolves_to_the_other_sides_run_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo = git_repo(tmp_path / "repo")
+    save(one_case(0.1, seed=1, sha="1" * 40, created="2025-01-01T00:00:00Z"), repo / "reports" / "r1")
+    save(one_case(0.1, seed=2, sha="2" * 40, created="2025-01-02T00:00:00Z"), repo / "reports" / "r2")
+    commit_all(repo, "runs")
+    monkeypatch.chdir(repo)
+    assert run_cli("main", "reports/r2", "--out", str(out_dir)) == 2
+    assert "is reports/r2 itself; nothing to compare" in capsys.readouterr().err
+
+
+def test_history_without_git_exits_2_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _slower_history(tmp_path / "reports")
+    monkeypatch.setenv("PATH", str(tmp_path / "no-such-bin"))
+    assert run_cli("--history", str(tmp_path / "reports"), "--out", str(out_dir)) == 2
+    assert "git is not installed" in capsys.readouterr().err
