@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import torch
 
@@ -62,7 +62,11 @@ DEFAULT_L2_BYTES = 60 * 1024 * 1024
 # 2x the GPU's L2 there would make every sample cost tens of milliseconds.
 CPU_CACHE_BYTES = 16 * 1024 * 1024
 FLUSH_FACTOR = 2.0
-ROTATE_MAX_FACTOR = 5.0
+# All input sets together stay under this many L2s. At 6 (with FLUSH_FACTOR 2) the choice is
+# monotonic in the working set: rotate up to 3x L2 (three sets up to 2x, two beyond), flush above.
+# At 5 a prefix series went rotate -> flush -> rotate -> flush (1.67-2x L2 flushed, 2-2.5x
+# rotated), so rows of one series paid the kernel code's fetch from DRAM on and off.
+ROTATE_MAX_FACTOR = 6.0
 # The spin's cap: a call that synchronises inside (its host time is then its device time too)
 # would otherwise make every sample wait twice that for nothing.
 MAX_SPIN_MS = 2.0
@@ -181,7 +185,8 @@ def rotation_sets(working_set_bytes: int, l2_bytes: int) -> int:
     """Input sets to rotate for a cold L2, or 0 when flushing is the way (sets would not fit).
 
     Between two uses of one set the other ``n - 1`` sets must touch at least 2x L2; all ``n``
-    sets together must stay under ~5x L2 of device memory.
+    sets together must stay under 6x L2 of device memory, so a working set up to 3x L2 rotates
+    and a larger one flushes (monotonic in its size).
     """
     if working_set_bytes <= 0:
         raise ValueError(f"rotation_sets: working_set_bytes must be positive, got {working_set_bytes}")
@@ -271,6 +276,37 @@ class Sampler:
             events.append((start, end))
         torch.cuda.synchronize(self.device)
         return [s.elapsed_time(e) for s, e in events]
+
+
+class EventClock:
+    """A clock for pytest-benchmark that reads GPU time: its calls alternate start and stop. A
+    start records a CUDA event on the current stream and returns the time so far; a stop records
+    another, waits for it and adds the GPU time between the two, so that ``stop - start`` is the
+    time the GPU took for what was enqueued between the calls, as the sweep's events read it (a
+    host clock would add the launch and the synchronisation). Used as
+    ``@pytest.mark.benchmark(timer=EventClock())``; the caller enqueues the spin and the flush
+    before each start (tests/test_benchmarks.py)."""
+
+    __name__ = "EventClock"  # how pytest-benchmark names the timer in what it stores
+
+    def __init__(self) -> None:
+        self.total_s = 0.0
+        self._start: Any = None
+
+    def reset(self) -> None:
+        """Forget a start whose stop never came (a target that raised): the next call starts."""
+        self._start = None
+
+    def __call__(self) -> float:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        if self._start is None:
+            self._start = event
+            return self.total_s
+        event.synchronize()
+        self.total_s += self._start.elapsed_time(event) / 1000.0
+        self._start = None
+        return self.total_s
 
 
 def spin_ms(host_ms: Sequence[float]) -> float:

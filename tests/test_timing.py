@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness import nvml
+from harness import nvml, timing
 from harness.roofline import Ceilings, floor_ms, measure_ceilings, throughput
 from harness.timing import (
     GpuLockError,
@@ -110,17 +110,28 @@ def test_sample_budget_never_goes_below_three_samples() -> None:
     assert n == 3 and note
 
 
-def test_rotation_sets_cover_twice_l2_between_uses_and_stay_under_five_l2() -> None:
+def test_rotation_sets_cover_twice_l2_between_uses_and_stay_under_six_l2() -> None:
     l2 = 60 << 20
-    for ws in (1 << 20, 7 << 20, 50 << 20, 100 << 20):
+    for ws in (1 << 20, 7 << 20, 50 << 20, 100 << 20, 110 << 20, 130 << 20, 180 << 20):
         n = rotation_sets(ws, l2)
         assert n >= 2
         assert (n - 1) * ws >= 2 * l2
-        assert n * ws <= 5 * l2
+        assert n * ws <= 6 * l2
 
 
-def test_rotation_sets_choose_flushing_for_a_working_set_near_l2_or_larger() -> None:
-    assert rotation_sets(200 << 20, 60 << 20) == 0
+def test_rotation_sets_choose_flushing_for_a_working_set_above_three_l2() -> None:
+    assert rotation_sets(181 << 20, 60 << 20) == 0
+    assert rotation_sets(230 << 20, 60 << 20) == 0
+
+
+def test_rotate_or_flush_is_monotonic_in_the_working_set() -> None:
+    """One prefix series must not switch between rotating (the kernel's code stays in L2) and
+    flushing (it is fetched from DRAM) back and forth: rotate up to some size, flush beyond."""
+    l2 = 60 << 20
+    modes = [rotation_sets(ws, l2) > 0 for ws in range(1 << 20, 8 * l2, 1 << 20)]
+    first_flush = modes.index(False)
+    assert all(modes[:first_flush]) and not any(modes[first_flush:])
+    assert first_flush == 180  # 3x L2, in MiB
 
 
 def test_round_sig_keeps_four_significant_digits() -> None:
@@ -490,3 +501,44 @@ def test_measure_ceilings_on_the_gpu_reports_plausible_numbers() -> None:
     assert 10 < c.bf16_tflops < 5_000
     # an empty kernel between two events: a microsecond or more, far below a millisecond
     assert 5e-4 < c.empty_kernel_ms < 0.5
+
+
+def test_the_event_clock_reads_the_gpu_time_between_a_start_and_its_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pytest-benchmark takes ``stop - start`` of its timer around the target: with the event
+    clock that is the GPU time between two events (here a fake GPU timeline), not host time."""
+    gpu_now = [0.0]  # ms on the fake GPU's timeline
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool = False) -> None:
+            self.at: float | None = None
+            self.synced = False
+
+        def record(self) -> None:
+            self.at = gpu_now[0]
+
+        def synchronize(self) -> None:
+            self.synced = True
+
+        def elapsed_time(self, end: FakeEvent) -> float:
+            assert end.synced, "elapsed_time read before the stop event completed"
+            return end.at - self.at
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    clock = timing.EventClock()
+    start = clock()
+    gpu_now[0] += 2.5  # the call: 2.5 ms on the GPU
+    time.sleep(0.01)  # host time does not count
+    stop = clock()
+    assert stop - start == pytest.approx(0.0025)
+    gpu_now[0] += 100.0  # between rounds: not timed
+    start = clock()
+    gpu_now[0] += 1.0
+    assert clock() - start == pytest.approx(0.001)
+    clock()  # a start whose stop never comes (the target raised)
+    gpu_now[0] += 50.0
+    clock.reset()
+    start = clock()
+    gpu_now[0] += 0.5
+    assert clock() - start == pytest.approx(0.0005)
