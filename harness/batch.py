@@ -130,8 +130,12 @@ class VerifyBatch:
         return qo, kv
 
     def kv_bytes(self) -> int:
-        """Bytes of KV rows read once: every referenced row, 576 bf16 each."""
-        return int(self.kv_indices.numel()) * QK_DIM * 2
+        """Bytes of KV rows read once: every row the indptrs address, each distinct slot once
+        (576 bf16 each). Entries of an over-allocated ``kv_indices`` past ``kv_indptr[-1]`` are
+        not read, and a slot two requests share is one row of the pool."""
+        _, kv = self.host_indptrs()
+        used = self.kv_indices[: kv[-1]]
+        return int(torch.unique(used).numel()) * QK_DIM * 2
 
     def min_bytes(self) -> int:
         """The fewest bytes the operation must move: KV rows once + q + out (bf16)."""

@@ -86,6 +86,16 @@ def _read(pynvml: Any, handle: Any) -> dict[str, Any]:
         or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
     )
     reasons = decode_throttle_reasons(int(get_reasons(handle)))
+
+    def violation_ns(policy_name: str) -> int | None:
+        # Cumulative time the clocks were held down by that policy since the driver loaded: two
+        # readings bracket the samples, where the current reasons show only their two ends.
+        policy = getattr(pynvml, policy_name, None)
+        read = getattr(pynvml, "nvmlDeviceGetViolationStatus", None)
+        status = None if policy is None or read is None else get(read, handle, policy)
+        value = getattr(status, "violationTime", None)
+        return int(value) if isinstance(value, int) else None
+
     return {
         "name": _text(pynvml.nvmlDeviceGetName(handle)),
         "uuid": _text(pynvml.nvmlDeviceGetUUID(handle)),
@@ -99,6 +109,10 @@ def _read(pynvml: Any, handle: Any) -> dict[str, Any]:
         "power_limit_w": watts(get(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)),
         "throttle_reasons": reasons,
         "throttled": is_throttled(reasons),
+        "violation_ns": {
+            "power": violation_ns("NVML_PERF_POLICY_POWER"),
+            "thermal": violation_ns("NVML_PERF_POLICY_THERMAL"),
+        },
     }
 
 

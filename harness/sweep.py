@@ -241,6 +241,11 @@ def _str_list(source: str, where: str, key: str, value: Any, allowed: Sequence[s
     bad = [v for v in value if allowed is not None and v not in allowed]
     if bad:
         raise GridError(f"{source}, {where}: {key} has {bad}; expected values among {', '.join(allowed)}")
+    twice = sorted({v for v in value if value.count(v) > 1})
+    if twice:  # a mode or implementation listed twice would time each case twice, under one key
+        raise GridError(
+            f"{source}, {where}: {key} lists {', '.join(twice)} more than once; expected each once"
+        )
     return value
 
 
@@ -552,12 +557,19 @@ def row_nvml(snap: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def throttle_flags(before: dict | None, after: dict | None) -> tuple[bool, list[str]]:
-    """(throttled, reasons): the reasons in either snapshot that may have lowered the clocks."""
+    """(throttled, reasons): the reasons in either snapshot that may have lowered the clocks,
+    and a power or thermal cap that held the clocks down at any time between the two (NVML's
+    cumulative violation time grew: a cap during the samples that was over by the second
+    snapshot, which its current reasons would miss)."""
     reasons = []
     for snap in (before, after):
         for r in snap["throttle_reasons"] if snap else []:
             if nvml.is_throttled([r]) and r not in reasons:
                 reasons.append(r)
+    for policy in ("power", "thermal"):
+        start, end = ((snap or {}).get("violation_ns", {}).get(policy) for snap in (before, after))
+        if isinstance(start, int) and isinstance(end, int) and end > start:
+            reasons.append(f"{policy}_capped_{(end - start) / 1e6:.3g}ms_during_samples")
     return bool(reasons), reasons
 
 
@@ -782,7 +794,7 @@ def run_sweep(opts: SweepOptions, command: str) -> Results:
 def _csv(value: str | None, allowed: Sequence[str] | None, option: str) -> tuple[str, ...] | None:
     if value is None:
         return None
-    items = tuple(v.strip() for v in value.split(",") if v.strip())
+    items = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))  # each once
     bad = [v for v in items if allowed is not None and v not in allowed]
     if not items or bad:
         raise GridError(

@@ -152,7 +152,7 @@ def median_ci(samples_ms: Sequence[float], z: float = 1.96) -> tuple[float, floa
         return s[0], s[-1]
     half = z * math.sqrt(n) / 2.0
     lo = max(math.floor(n / 2.0 - half), 0)
-    hi = min(math.ceil(n / 2.0 + half), n - 1)
+    hi = n - 1 - lo  # the same rank from the top (0-based: the median sits at (n - 1) / 2)
     return s[lo], s[hi]
 
 
@@ -372,6 +372,26 @@ def measure(
         )
     if max_time_s <= 0:
         raise ValueError(f"measure: max_time_s must be positive, got {max_time_s}")
+    # Events, the spin and graph capture use the current device's stream: make it ``device``
+    # (a "cuda:1" call from a process whose current device is 0 would otherwise time device 0).
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        return _measure(
+            run_fn, mode, warmup, min_samples, max_samples, max_time_s, rel_ci, l2_bytes, rotate, device
+        )
+
+
+def _measure(
+    run_fn: Call,
+    mode: str,
+    warmup: int,
+    min_samples: int,
+    max_samples: int,
+    max_time_s: float,
+    rel_ci: float,
+    l2_bytes: int | None,
+    rotate: Sequence[Call] | None,
+    device: torch.device,
+) -> Timing:
     calls = [run_fn, *(rotate or [])]
     if rotate:
         flush_bytes = 0

@@ -137,6 +137,22 @@ def test_bytes_and_flops_are_design_md_s_numbers_for_one_case_worked_by_hand() -
     assert shard.case_bytes(params) == batch.min_bytes() == 1_170_432 + 147_456 + 131_072 == 1_448_960
 
 
+def test_kv_bytes_count_the_rows_the_indptrs_address_each_slot_once() -> None:
+    """An over-allocated kv_indices (as the SGLang adapter may pass) is not read past
+    kv_indptr[-1], and a slot two requests share is one row of the pool: DESIGN's "KV rows read
+    once"."""
+    from dataclasses import replace
+
+    batch = build_batch(CaseParams(2, 100, 8, 4), "cpu")
+    rows = 2 * (100 + 4)
+    assert batch.kv_bytes() == rows * 576 * 2
+    padded = replace(batch, kv_indices=torch.cat([batch.kv_indices, batch.kv_indices[:50]]))
+    assert padded.kv_bytes() == rows * 576 * 2
+    shared = batch.kv_indices.clone()
+    shared[104:114] = shared[:10]  # request 1's first ten prefix slots are request 0's
+    assert replace(batch, kv_indices=shared).kv_bytes() == (rows - 10) * 576 * 2
+
+
 def test_cost_grows_with_the_prefix_and_leaves_out_the_reference_above_its_cap() -> None:
     plan = {c.params.case_id: c for c in _opts(("kernel", "ref")).grid.plan(["kernel", "ref"])}
     short, long = plan["B1-P64-T4-H8-shuffled"], plan["B1-P256-T4-H8-shuffled"]

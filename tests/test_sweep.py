@@ -248,10 +248,12 @@ def test_case_filter_picks_the_exact_id_alone_or_every_id_containing_it() -> Non
          r"t\.toml: reference must be a \[reference\] table \(max_gflop = \.\.\.\), got 5"),
         (GRID.replace("tree_size = [1, 4]", "tree_size = [1, 4, 500]").replace('tree = ["chain", "random"]', ""),
          r"t\.toml, group 'main': case: tree_size must be <= 457 with tree 'eagle'.*got 500"),
+        (GRID.replace('modes = ["cold"]', 'modes = ["cold", "cold"]'),
+         r"t\.toml, group 'extra': modes lists cold more than once; expected each once"),
     ],
     ids=["missing-axis", "axis-not-list", "bad-tree", "bad-mode", "bad-timing-key", "min-above-max",
          "bad-group-key", "bad-top-key", "no-group", "bad-toml", "bad-reference-key", "reference-not-a-table",
-         "tree-too-big-for-its-kind"],
+         "tree-too-big-for-its-kind", "mode-twice"],
 )  # fmt: skip
 def test_bad_grids_are_rejected_naming_file_group_and_key(text: str, message: str) -> None:
     with pytest.raises(GridError, match=message):
@@ -372,6 +374,17 @@ def test_throttle_flags_name_clock_lowering_reasons_from_either_snapshot() -> No
     )
     assert throttle_flags(idle, {"throttle_reasons": ["applications_clocks_setting"]}) == (False, [])
     assert throttle_flags(None, None) == (False, [])
+
+
+def test_a_cap_during_the_samples_that_is_over_by_the_second_snapshot_is_flagged() -> None:
+    """The current reasons of two snapshots see the samples' two ends only; NVML's cumulative
+    violation time sees a power or thermal cap between them."""
+    before = {"throttle_reasons": ["gpu_idle"], "violation_ns": {"power": 10_000_000, "thermal": 0}}
+    after = {"throttle_reasons": ["gpu_idle"], "violation_ns": {"power": 14_500_000, "thermal": 0}}
+    assert throttle_flags(before, after) == (True, ["power_capped_4.5ms_during_samples"])
+    assert throttle_flags(before, before) == (False, [])
+    unknown = {"throttle_reasons": ["none"], "violation_ns": {"power": None, "thermal": None}}
+    assert throttle_flags(unknown, unknown) == (False, [])
 
 
 def test_run_dir_name_has_utc_time_grid_gpu_slug_and_short_sha() -> None:
@@ -585,6 +598,21 @@ def test_sweep_list_prints_the_plan_without_timing(stand_ins: None, tmp_path: Pa
     assert capsys.readouterr().out.splitlines() == [
         "B1-P64-T4-H8-shuffled: quick-impl (cold/graph), slow-impl (cold/graph)"
     ]
+
+
+def test_an_implementation_or_mode_named_twice_on_the_command_line_is_timed_once(
+    stand_ins: None, tmp_path: Path, capsys
+) -> None:
+    grid = tmp_path / "cpu.toml"
+    grid.write_text(CPU_GRID)
+    args = ["sweep", "--grid", str(grid), "--list", "--case-filter", "P64-"]
+    assert cli_main([*args, "--impls", "quick-impl,quick-impl", "--modes", "cold,cold"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["B1-P64-T4-H8-shuffled: quick-impl (cold)"]
+
+
+def test_an_implementation_listed_twice_in_a_group_is_refused_naming_it() -> None:
+    with pytest.raises(GridError, match="group 'g': impls lists b more than once; expected each once"):
+        parse_grid(_group("g", 'impls = ["b", "a", "b"]'), name="t", source="t.toml")
 
 
 GRAPH_ONLY_GROUP = """
@@ -987,3 +1015,28 @@ def test_a_sweep_whose_every_implementation_is_unavailable_exits_2_writing_nothi
     assert cli_main([*argv, "--out", str(tmp_path / "run")]) == 2
     assert "nothing to time on this box: verify-attn-cuda: needs a CUDA device" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_gpu_case_small_next_to_l2_is_built_with_the_input_sets_it_rotates_through(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a GPU a case whose working set is below 3x L2 gets further input sets (rotated for a
+    cold L2 that keeps the kernel's code), a larger one a single set (flushed)."""
+    import types
+
+    import harness.sweep
+
+    built: list[int] = []
+
+    def fake_build(params: object, device: object, input_set: int = 0) -> object:
+        built.append(input_set)
+        return types.SimpleNamespace(min_bytes=lambda: params.bytes)
+
+    monkeypatch.setattr(harness.sweep, "build_batch", fake_build)
+    l2 = 60 << 20
+    for working_set, sets in ((7 << 20, 19), (100 << 20, 3), (150 << 20, 2), (200 << 20, 1)):
+        built.clear()
+        batches, why = harness.sweep.case_batches(
+            types.SimpleNamespace(bytes=working_set), torch.device("cuda"), l2
+        )
+        assert why == "" and len(batches) == sets and built == list(range(sets)), (working_set, built)

@@ -14,6 +14,7 @@ import stat
 import statistics
 import threading
 import time
+import types
 from dataclasses import replace
 from pathlib import Path
 
@@ -89,10 +90,17 @@ def test_is_stable_accepts_tight_samples_and_rejects_spread_ones() -> None:
 def test_is_stable_holds_each_end_of_the_interval_to_rel_ci_not_its_half_width() -> None:
     """A skewed interval (0.999, 1.019) around a median of 1.0: half its width is 1 %, but its slow
     end is +1.9 %, past the promised +-1 %."""
-    skewed = [0.990] * 5 + [0.999] + [1.000] * 9 + [1.019] + [1.05] * 4
+    skewed = [0.990] * 5 + [0.999] + [1.000] * 8 + [1.019] + [1.05] * 5
     assert median_ci(skewed) == (0.999, 1.019)
     assert not is_stable(skewed, rel_ci=0.01)
     assert is_stable(skewed, rel_ci=0.02)
+
+
+@pytest.mark.parametrize("n", [6, 7, 20, 21, 100, 101])
+def test_the_median_interval_takes_the_same_rank_from_each_end(n: int) -> None:
+    lo, hi = median_ci(list(range(n)))
+    assert lo + hi == n - 1  # symmetric about the median's rank (n - 1) / 2
+    assert lo < (n - 1) / 2 < hi
 
 
 def test_sample_budget_caps_a_fast_call_at_max_samples_without_a_note() -> None:
@@ -199,6 +207,18 @@ def test_every_cold_sample_follows_a_flush_of_the_cache(monkeypatch: pytest.Monk
     )  # fmt: skip
     assert len(t.samples_ms) == 6 and log.count("call") >= 6 + 2
     assert log == ["flush", "call"] * (len(log) // 2), log
+
+
+def test_the_flush_is_outside_the_timed_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flush that takes 20 ms before an instant call: if the clock started before the flush,
+    every sample would read >= 20 ms."""
+    import harness.timing
+
+    monkeypatch.setattr(harness.timing.L2Flush, "__call__", lambda self: time.sleep(0.02))
+    t = measure(
+        lambda: None, device="cpu", warmup=1, min_samples=4, max_samples=4, rel_ci=10.0, l2_bytes=SMALL_FLUSH
+    )
+    assert max(t.samples_ms) < 5.0, t.samples_ms
 
 
 def test_measure_keeps_sampling_up_to_max_samples_while_unstable() -> None:
@@ -399,12 +419,20 @@ class _FakeNvml:
     def nvmlDeviceGetCurrentClocksEventReasons(self, h):
         return 0x4
 
+    NVML_PERF_POLICY_POWER, NVML_PERF_POLICY_THERMAL = 0, 1
+
+    def nvmlDeviceGetViolationStatus(self, h, policy):
+        if policy == self.NVML_PERF_POLICY_THERMAL:
+            raise self.NVMLError("Not Supported")
+        return types.SimpleNamespace(referenceTime=123, violationTime=4_500_000)
+
 
 def test_nvml_read_decodes_clocks_power_and_throttling_and_tolerates_unsupported_fields() -> None:
     snap = nvml._read(_FakeNvml(), handle=None)
     assert snap["name"] == "NVIDIA H200" and snap["sm_clock_mhz"] == 1755 and snap["max_sm_clock_mhz"] == 1980
     assert snap["power_w"] == 698.4 and snap["power_limit_w"] is None
     assert snap["throttle_reasons"] == ["sw_power_cap"] and snap["throttled"] is True
+    assert snap["violation_ns"] == {"power": 4_500_000, "thermal": None}
 
 
 def test_nvml_snapshot_off_cuda_returns_none_with_a_reason() -> None:
