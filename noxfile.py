@@ -25,8 +25,13 @@ def _install_project(session: nox.Session, extras: str = "") -> None:
         session.install("-e", f".{extras}")
 
 
+# After Ctrl-C, how long a command has to stop its children and write its record before nox
+# sends SIGTERM (nox's default, 0.3 s, is less than a bring-up's step or a sweep's workers need).
+INTERRUPT_TIMEOUT_S = 60.0
+
+
 def _harness(session: nox.Session, *args: str) -> None:
-    session.run("python", "-m", "harness", *args)
+    session.run("python", "-m", "harness", *args, interrupt_timeout=INTERRUPT_TIMEOUT_S)
 
 
 @nox.session(venv_params=VENV_PARAMS)

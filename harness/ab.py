@@ -50,8 +50,11 @@ Output: ``results.json`` of kind "ab" (rows ``base:<sha7>`` and ``head:<sha7>``;
 note holds its verdict; ``speedup`` as in a sweep, over the other side; the run's notes list every
 verdict), ``index.html`` and the compare HTML, under ``reports/<UTC time>-ab-<grid>-<gpu>-
 <base sha7>-vs-<head sha7>/`` unless ``--out``. Exit 1 on any SLOWER (or a failed self-check),
-2 when it cannot run (no CUDA, unknown revision, an ``--out`` that cannot be written: checked
-before the timing), else 0. ``results.json`` is written last, after the pages.
+2 when it cannot run (no CUDA, unknown revision, an ``--out`` that cannot be written or holds a
+run: checked before the timing and again before writing) or when a case has no samples on a side
+(a BASE that did not build: the run is written, its rows say why), else 0. ``results.json`` is
+written last, after the pages. ``--base REV`` is resolved in the repository of the harness that
+runs (this checkout), wherever the command runs from.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ import torch
 from harness import compare
 from harness.batch import VerifyBatch
 from harness.cases import build_batch
-from harness.cli import check_run_out_dir, nonempty_folder
+from harness.cli import REPO_ROOT, check_run_out_dir, held_results, nonempty_folder
 from harness.env import environment, git_info
 from harness.impl_kernel import kernel_call
 from harness.registry import RunFn, impl_config_of
@@ -345,15 +348,24 @@ def write_report(results: Results, out_dir: Path, min_change: float) -> compare.
     from harness.report import render_html
 
     json_path = out_dir / "results.json"
+    held = held_results(out_dir) if out_dir.is_dir() else None
+    if (
+        held is not None
+    ):  # checked before the run too; another A/B queued on the GPU lock may have written since
+        keep_and_raise(
+            results, FileExistsError(str(held)), f"{out_dir}: already holds a run ({held.name})", ABError
+        )
     try:
-        atomic_write_text(out_dir / "index.html", render_html(results, str(json_path)))
+        atomic_write_text(out_dir / "index.html", render_html(results, str(json_path)), exclusive=True)
+    except FileExistsError as e:
+        keep_and_raise(results, e, f"{out_dir}: already holds an index.html, left as it was", ABError)
     except Exception as e:  # the overview page is extra: the comparison and the results still get written
         print(f"ab: index.html not rendered: {type(e).__name__}: {e}", file=sys.stderr)
     try:
         comparison = compare.compare_results(*split_ab(results), min_change=min_change)
         print(compare.format_terminal(comparison))
         print(f"html: {compare.write_html(comparison, out_dir)}")
-        write_results(results, json_path)
+        write_results(results, json_path, exclusive=True)
     except BaseException as e:  # a full disk, a comparison that fails, Ctrl-C: the timings are kept
         what = "cannot write the run there" if isinstance(e, OSError) else "the run was not written"
         keep_and_raise(results, e, f"{out_dir}: {what}", ABError)
@@ -548,7 +560,8 @@ def run_ab(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         base = None
         if args.base is not None:
-            repo = compare.repo_root(Path.cwd())
+            # the repository of the harness that runs (HEAD is its checkout), wherever the command runs from
+            repo = compare.repo_root(REPO_ROOT)
             sha = compare.resolve_revision(repo, args.base)
             if sha is None:
                 raise ABError(f"--base {args.base!r} is not a commit of the repository at {repo}")
@@ -588,6 +601,14 @@ def run_ab(args: argparse.Namespace) -> int:
     base7 = contenders[0].label.removeprefix(BASE_PREFIX)
     out_dir = args.out or default_out_dir(grid.name, gpu, base7, head7, datetime.now(timezone.utc))
     comparison = write_report(results, out_dir, args.min_change)
+    unrun = [v for v in comparison.timing if v.verdict == compare.NO_DATA]
+    if unrun:  # a BASE that did not build, or a side that failed every call: no A/B was made there
+        print(
+            f"ab: {len(unrun)} of {len(comparison.timing)} (case, mode) pairs have no samples on a side "
+            f"({unrun[0].case_id} {unrun[0].mode}: {unrun[0].decision.reason}); the rows say why",
+            file=sys.stderr,
+        )
+        return 2
     if args.slowdown:
         ok, text = slowdown_selfcheck([v.verdict for v in comparison.timing])
         print(text)

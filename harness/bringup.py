@@ -35,11 +35,15 @@ it finished. The other steps write their own report folders under ``reports/`` a
     python -m harness bringup [--only a,b] [--skip a,b] [--out DIR] [--list] [--step-timeout S]
 
 Running again into the same ``--out`` replaces the records of the steps it runs and keeps the
-others (e.g. ``--only tp`` after a box with more GPUs was lent). ``--list`` prints the plan and
-each skip's reason without running anything. ``--only``/``--skip`` that leave no step to run, or
-an ``--out`` that is empty, cannot be written, holds another command's run (``results.json``:
-the mma-peak step writes into this folder) or a ``bringup.json`` this version cannot read back,
-exit 2 before any step.
+others (e.g. ``--only tp`` after a box with more GPUs was lent); a step this run skips keeps the
+earlier run's outcome, and each step records the commit and box it ran on (the README marks a
+step of another commit or box). ``--list`` prints the plan and each skip's reason without running
+anything. ``--only``/``--skip`` that leave no step to run, or an ``--out`` that is empty, cannot
+be written, holds other files (``--out .`` would write over the project's README), holds another
+command's run (``results.json``: the mma-peak step writes into this folder) or a ``bringup.json``
+this version cannot read back, exit 2 before any step. A box where torch sees no GPU skips every
+step and exits 3: nothing was brought up. SIGTERM and SIGHUP stop the running step as Ctrl-C
+does, and the record names the signal.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cli import REPO_ROOT as ROOT
-from harness.cli import from_checkout, positive_number, shown
+from harness.cli import from_checkout, positive_number, shown, signals_as_interrupt
 from harness.results import REPORTS_DIR, run_folder
 
 RECORD_FILE = "bringup.json"
@@ -250,6 +254,9 @@ class StepRecord:
     reason: str = ""
     started_utc: str | None = None
     summary: str = ""  # the log's last line: pytest's counts, a sweep's rows and errors, ...
+    # where this step's status was decided: a resumed run's earlier steps keep their own
+    commit: str | None = None
+    gpu: str | None = None
 
 
 def _now() -> str:
@@ -380,6 +387,13 @@ def render_readme(record: dict[str, Any]) -> str:
         detail = s.get("reason") if s.get("status") == "skipped" else f"`{s.get('command', '')}`"
         if s.get("status") == "passed" and s.get("reason"):
             detail += f" ({s['reason']})"
+        here = (
+            (git.get("sha") or "")[:7] + ("+dirty" if git.get("dirty") else ""),
+            f"{box.get('gpus', 0)}x {box.get('name') or 'no GPU'}",
+        )
+        there = (s.get("commit"), s.get("gpu"))
+        if None not in there and there != here:
+            detail += f" [run at {there[0]} on {there[1]}]"
         last = (s.get("summary") or "").replace("|", "\\|")
         lines.append(f"| {s['name']} | **{s['status']}** | {rc} | {secs} | {reports} | {detail} | {last} |")
     totals = {st: sum(1 for s in record.get("steps", []) if s.get("status") == st) for st in STATUSES}
@@ -398,10 +412,20 @@ def write_record(out_dir: Path, record: dict[str, Any]) -> None:
 def merge_steps(previous: list[dict[str, Any]], current: list[StepRecord]) -> list[dict[str, Any]]:
     """The steps in plan order: this run's where it has run one (or has one the previous record
     lacks), the previous record's otherwise. A resumed run that stops early so keeps what the
-    earlier run recorded for the steps it did not reach, which still match their logs."""
-    theirs_names = {s["name"] for s in previous}
-    ours = {s.name: asdict(s) for s in current if s.status != "not-run" or s.name not in theirs_names}
+    earlier run recorded for the steps it did not reach, which still match their logs; and one
+    that skips a step the earlier run passed or failed keeps that outcome (each step names the
+    commit and box it ran on)."""
     theirs = {s["name"]: s for s in previous}
+
+    def keep_theirs(s: StepRecord) -> bool:
+        # not reached in this run, or skipped in it (e.g. the TP step on a box with fewer GPUs)
+        # where the earlier run has an outcome, which still matches its log and reports
+        earlier = theirs.get(s.name, {}).get("status")
+        return earlier is not None and (
+            s.status == "not-run" or (s.status == "skipped" and earlier not in ("skipped", "not-run"))
+        )
+
+    ours = {s.name: asdict(s) for s in current if not keep_theirs(s)}
     names = [*STEP_NAMES, *(n for n in [*theirs, *ours] if n not in STEP_NAMES)]
     return [ours.get(n) or theirs[n] for n in dict.fromkeys(names) if n in ours or n in theirs]
 
@@ -622,17 +646,32 @@ def main(
                 f"--out {out_dir} holds a run's {held.name}: another command's report folder, not a "
                 "bring-up's; give a new folder, or a bring-up's to resume it"
             )
+        if out_dir.is_dir() and not (out_dir / RECORD_FILE).exists() and any(out_dir.iterdir()):
+            # the record and README.md would be written over whatever is there (`--out .`: the
+            # project's own README)
+            raise ValueError(
+                f"--out {out_dir} is a folder of other files; expected a new or empty folder, or a "
+                "bring-up's (holding bringup.json) to resume it"
+            )
         previous = load_record(out_dir) or {}
         check_out_dir(out_dir)
+    except OSError as e:
+        print(
+            f"error: --out {args.out}: {e.strerror or e}; expected a folder that can be made", file=sys.stderr
+        )
+        return 2
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    commit = (git.get("sha") or "unknown")[:7] + ("+dirty" if git.get("dirty") else "")
+    gpu = f"{box.gpus}x {box.name or 'no GPU'}"
+    this_run = {"command": invocation(args), "started_utc": _now(), "commit": commit, "gpu": gpu}
     record: dict[str, Any] = {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "created_utc": previous.get("created_utc") or _now(),
         "command": invocation(args),
-        "commands": [*previous.get("commands", []), {"command": invocation(args), "started_utc": _now()}],
+        "commands": [*previous.get("commands", []), this_run],
         "git": git,
         "box": asdict(box),
         "probe": previous.get("probe"),
@@ -644,31 +683,18 @@ def main(
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     python = python or sys.executable
     failed = False
-    for i, step in enumerate(steps):
-        reason = _no_gpu(box) or step.skip(box, record.get("probe"))
-        if reason:
-            records[i].status, records[i].reason = "skipped", reason
-            print(f"bringup: {step.name}: skipped ({reason})", flush=True)
-        else:
-            print(f"bringup: {step.name}: {records[i].command}", flush=True)
-            try:
-                records[i] = run_step(step, out_dir, python, args.step_timeout, env)
-            except KeyboardInterrupt:  # the child is killed; the record says where the run stopped
-                records[i].status, records[i].reason = "interrupted", "stopped by the user (Ctrl-C)"
-                record["steps"] = merge_steps(old_steps, records)
-                write_record(out_dir, record)
-                raise
-            if step.name == "build":
-                record["probe"] = (
-                    read_probe(out_dir / records[i].log) if records[i].status == "passed" else None
-                )
-            failed |= records[i].status in ("failed", "timed-out")
-            print(
-                f"bringup: {step.name}: {records[i].status} (exit {records[i].rc}, {records[i].seconds:.0f} s)",
-                flush=True,
+    with signals_as_interrupt() as received:
+        for i, step in enumerate(steps):
+            failed |= _run_one(
+                i, step, records, record, old_steps, out_dir, python, args, env, box, (commit, gpu), received
             )
-        record["steps"] = merge_steps(old_steps, records)
-        write_record(out_dir, record)
+    if all(r.status in ("skipped", "not-run") for r in records) and _no_gpu(box):
+        print(
+            f"bringup: nothing brought up: {_no_gpu(box)} (a CPU build of torch, or CUDA_VISIBLE_DEVICES "
+            f"empty?) -> {shown(out_dir)}/README.md",
+            file=sys.stderr,
+        )
+        return 3
     skipped = [r.name for r in records if r.status == "skipped"]
     partly = [r.name for r in records if r.status == "passed" and r.reason]
     verdict = "some steps failed" if failed else "no step failed"
@@ -678,6 +704,51 @@ def main(
         verdict += f" (tests skipped within: {', '.join(partly)})"
     print(f"bringup: {verdict} -> {shown(out_dir)}/README.md")
     return 1 if failed else 0
+
+
+def _run_one(
+    i: int,
+    step: Step,
+    records: list[StepRecord],
+    record: dict[str, Any],
+    old_steps: list[dict[str, Any]],
+    out_dir: Path,
+    python: str,
+    args: argparse.Namespace,
+    env: dict[str, str],
+    box: Box,
+    stamp: tuple[str, str],
+    received: list[str],
+) -> bool:
+    """Run or skip step ``i`` and record it (``stamp``: this run's commit and box); True when
+    it failed."""
+    failed = False
+    reason = _no_gpu(box) or step.skip(box, record.get("probe"))
+    if reason:
+        records[i].status, records[i].reason = "skipped", reason
+        print(f"bringup: {step.name}: skipped ({reason})", flush=True)
+    else:
+        print(f"bringup: {step.name}: {records[i].command}", flush=True)
+        try:
+            records[i] = run_step(step, out_dir, python, args.step_timeout, env)
+        except KeyboardInterrupt:  # the child is killed; the record says where the run stopped
+            why = f"a {received[-1]}" if received else "the user (Ctrl-C)"
+            records[i].status, records[i].reason = "interrupted", f"stopped by {why}"
+            records[i].commit, records[i].gpu = stamp
+            record["steps"] = merge_steps(old_steps, records)
+            write_record(out_dir, record)
+            raise
+        if step.name == "build":
+            record["probe"] = read_probe(out_dir / records[i].log) if records[i].status == "passed" else None
+        failed = records[i].status in ("failed", "timed-out")
+        print(
+            f"bringup: {step.name}: {records[i].status} (exit {records[i].rc}, {records[i].seconds:.0f} s)",
+            flush=True,
+        )
+    records[i].commit, records[i].gpu = stamp
+    record["steps"] = merge_steps(old_steps, records)
+    write_record(out_dir, record)
+    return failed
 
 
 def register_cli(sub: Any) -> None:

@@ -10,9 +10,11 @@ import argparse
 import contextlib
 import importlib
 import math
+import signal
 import sys
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from harness.results import RESULTS_FILE, RESULTS_GZ
@@ -154,7 +156,32 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with signals_as_interrupt():  # SIGTERM/SIGHUP clean up as Ctrl-C does
+            return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+@contextlib.contextmanager
+def signals_as_interrupt() -> Iterator[list[str]]:
+    """SIGTERM and SIGHUP (nox or a job system stopping the run, a closed terminal) take the
+    path of Ctrl-C: a KeyboardInterrupt in the main thread, so that what a command does on Ctrl-C
+    (a bring-up stops its step and records where it stopped, a sharded sweep stops its workers,
+    an A/B removes its worktree) happens for them too, instead of children left running. The list
+    it yields names the signal received."""
+    received: list[str] = []
+
+    def handler(signum: int, frame: object) -> None:
+        received.append(signal.Signals(signum).name)
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield received
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)

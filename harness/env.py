@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -25,14 +26,30 @@ def _version(dist: str) -> str | None:
         return None
 
 
+_GIT_ERRORS: list[str] = []  # what git said when it failed, for the record's ``git_error``
+
+
 def _git(*args: str) -> str | None:
     try:
         done = subprocess.run(
             ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=False
         )
-    except (OSError, subprocess.TimeoutExpired):
+    except (OSError, subprocess.TimeoutExpired) as e:
+        _GIT_ERRORS.append(f"git {args[0]}: {type(e).__name__}: {e}")
         return None
-    return done.stdout.strip() if done.returncode == 0 else None
+    if done.returncode != 0:
+        _GIT_ERRORS.append(
+            f"git {args[0]}: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
+        )
+        return None
+    return done.stdout.strip()
+
+
+def _own_work_tree() -> bool:
+    """Whether git's work tree here is this checkout's own, not a repository around a source
+    copy of it (a copy of the tree placed inside another project's checkout)."""
+    top = _git("rev-parse", "--show-toplevel")
+    return top is not None and Path(top).resolve() == REPO_ROOT
 
 
 def git_info() -> dict[str, Any]:
@@ -41,9 +58,13 @@ def git_info() -> dict[str, Any]:
 
     A source copy without ``.git`` (a tarball, a CI artifact, a GPU box fed a copy of the tree)
     can name its commit through ``VERIFY_ATTN_GIT_SHA`` and ``VERIFY_ATTN_GIT_DIRTY`` (0/1);
-    git's own answer wins where there is one, and the record says where the sha came from.
+    git's own answer wins where this checkout is a work tree's root (a copy inside another
+    project's repository gets that repository's answer from git, which is not its commit), and the
+    record says where the sha came from. Where git failed for another reason than there being no
+    repository (a checkout of another owner: "dubious ownership"), ``git_error`` says what it said.
     """
-    sha = _git("rev-parse", "HEAD")
+    _GIT_ERRORS.clear()
+    sha = _git("rev-parse", "HEAD") if _own_work_tree() else None
     if sha is not None:
         status = _git("status", "--porcelain", "--untracked-files=no")
         return {
@@ -54,12 +75,17 @@ def git_info() -> dict[str, Any]:
         }
     env_sha = os.environ.get("VERIFY_ATTN_GIT_SHA") or None
     env_dirty = os.environ.get("VERIFY_ATTN_GIT_DIRTY")
-    return {
+    out = {
         "sha": env_sha,
         "dirty": None if env_dirty is None else env_dirty not in ("0", "", "false"),
         "describe": None,
         "source": "env" if env_sha else None,
     }
+    errors = [e for e in _GIT_ERRORS if "not a git repository" not in e]
+    if errors and not env_sha:
+        out["git_error"] = errors[0]
+        print(f"warning: the run's commit is unknown: {errors[0]}", file=sys.stderr)
+    return out
 
 
 def _build_flags(device: torch.device) -> dict[str, Any] | None:

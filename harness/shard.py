@@ -901,6 +901,10 @@ def _rank_main(spec: TpSpec, rank: int, visible: str | None, barrier: Any, slots
     # a handler, unlike SIG_IGN, is not inherited by the programs a rank runs (a kernel build).
     signal.signal(signal.SIGINT, _ignore_interrupt)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    # A group of its own, so that the parent's kill (--worker-timeout, or its own exit) takes the
+    # programs this rank started too (a kernel build's ninja and nvcc), not the rank alone.
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
     # tqdm's default lock is a semaphore shared between processes, which a rank killed by the
     # parent would leak (a warning at exit); rank 0 draws the only bar, so a thread lock will do
     with contextlib.suppress(ImportError):
@@ -1114,8 +1118,7 @@ def run_ranks(spec: TpSpec, slots: Sequence[GpuSlot], tmp: Path, timeout_s: floa
                     continue
                 killed = proc.exitcode is None and timeout_s is not None and now - start > timeout_s
                 if killed:
-                    proc.kill()
-                    proc.join()
+                    _kill_rank(proc)
                 elif proc.exitcode is None:
                     continue
                 code = None if killed else proc.exitcode
@@ -1125,9 +1128,21 @@ def run_ranks(spec: TpSpec, slots: Sequence[GpuSlot], tmp: Path, timeout_s: floa
     finally:
         for proc, _ in procs:
             if proc.exitcode is None:
-                proc.kill()
-                proc.join()
+                _kill_rank(proc)
     return [ended[k] for k in sorted(ended)]
+
+
+def _kill_rank(proc: Any) -> None:
+    """Kill a rank and the programs it started: its process group once it has made one
+    (:func:`_rank_main`), else the rank alone (killed before it got that far)."""
+    try:
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+    except ProcessLookupError:
+        pass
+    proc.join()
 
 
 def _report_failures(failures: Sequence[Failure], tmp: Path) -> None:
@@ -1222,11 +1237,8 @@ def _main_sharded(args: argparse.Namespace, opts: SweepOptions) -> int:
             _report_failures(failures, tmp)
             return EXIT_WORKER_FAILED
         order = [c.params.case_id for c in full_plan(opts)]
-        code = _write(
-            merge_shards(parts, order, command=_command(args), created_utc=created),
-            args,
-            f"{opts.grid.name}-{n}gpus",
-        )
+        merged = merge_shards(parts, order, command=_command(args), created_utc=created)
+        code = _write_unless_empty(merged, args, f"{opts.grid.name}-{n}gpus")
     shutil.rmtree(tmp, ignore_errors=True)
     return code
 
@@ -1269,13 +1281,27 @@ def _main_tp(args: argparse.Namespace, opts: SweepOptions) -> int:
             _report_failures([Failure(o, o.why(), every, spec.command) for o, r in loaded if r is None], tmp)
             return EXIT_WORKER_FAILED
         parts = [Part(o.slot, r) for o, r in loaded if r is not None]
-        code = _write(
-            merge_tp(parts, size=n, command=spec.command, created_utc=created),
-            args,
-            f"{opts.grid.name}-tp{n}",
-        )
+        merged = merge_tp(parts, size=n, command=spec.command, created_utc=created)
+        code = _write_unless_empty(merged, args, f"{opts.grid.name}-tp{n}")
     shutil.rmtree(tmp, ignore_errors=True)
     return code
+
+
+def _write_unless_empty(merged: Results, args: argparse.Namespace, label: str) -> int:
+    """The merged run's report, or exit 2 without one when no worker timed anything: every
+    implementation selected was unavailable there (a plain sweep refuses such a run before it
+    starts; the parent leaves the check to the workers, so that it starts no CUDA context of its
+    own on a GPU they time)."""
+    if not merged.sweep:
+        why = (
+            "; ".join(sorted({f"{u['impl']}: {u['reason']}" for u in merged.unavailable})) or "none was timed"
+        )
+        print(
+            f"error: nothing to time on this box: no implementation selected is available ({why})",
+            file=sys.stderr,
+        )
+        return 2
+    return _write(merged, args, label)
 
 
 def main(args: argparse.Namespace, opts: SweepOptions) -> int:

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -621,6 +622,70 @@ def test_ab_refuses_an_out_that_is_a_file_before_timing(
     assert f"ab: --out {out} is a file; expected a folder" in capsys.readouterr().err
 
 
+CPU_AB_GRID = """
+description = "A/B plumbing on the CPU"
+[timing]
+warmup = 1
+min_samples = 3
+max_samples = 3
+max_time_s = 0.5
+[[group]]
+name = "kernel"
+impls = ["verify-attn-cuda"]
+batch_size = [1]
+prefix_len = [64]
+num_heads = [8]
+tree_size = [4]
+"""
+
+
+@pytest.mark.parametrize("broken", ["base", "both", "head"])
+def test_an_ab_whose_side_never_ran_exits_2_not_no_regression(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], broken: str
+) -> None:
+    """A BASE switch that does not compile (or a HEAD that fails every call) leaves a side without
+    samples: there is no A/B to read, and the exit says so (a bring-up records its ab steps by it)."""
+    import contextlib
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ab, "exclusive_gpu", contextlib.nullcontext)
+    monkeypatch.setattr(ab, "environment", lambda device: {"gpu": {"name": "FAKE GPU"}})
+    real_time_case = ab.time_case
+    monkeypatch.setattr(
+        ab,
+        "time_case",
+        lambda case, contenders, **kw: real_time_case(
+            case, contenders, **{**kw, "device": torch.device("cpu")}
+        ),
+    )
+
+    def fake_kernel_call(module: object, batch: object, config: object = None):
+        is_base = module.__name__ != "kernel"
+        if broken == "both" or (broken == "base") == is_base:
+            raise RuntimeError(f"Error building extension {module.__name__!r}")
+        q = batch.q[..., :512].float()
+        return lambda: (q * 1.0, None)
+
+    monkeypatch.setattr(ab, "kernel_call", fake_kernel_call)
+    monkeypatch.setattr(
+        ab, "flags_package", lambda module, flags: types.SimpleNamespace(__name__="kernel_flags")
+    )
+    (tmp_path / "g.toml").write_text(CPU_AB_GRID)
+    code = run_cli(
+        "--base-define",
+        "VA_X",
+        "--grid",
+        str(tmp_path / "g.toml"),
+        "--rounds",
+        "2",
+        "--out",
+        str(tmp_path / "o"),
+    )
+    assert code == 2
+    assert "have no samples on a side" in capsys.readouterr().err
+    assert (tmp_path / "o" / "results.json").is_file()  # the run is kept, its rows say why
+
+
 @pytest.mark.parametrize(("option", "value"), [("--slowdown", "0.9"), ("--rounds", "1")])
 def test_ab_rejects_a_bad_option_value_naming_it(
     option: str, value: str, capsys: pytest.CaptureFixture[str]
@@ -683,6 +748,8 @@ def test_ab_against_a_build_with_an_unused_flag_finds_no_regression(tmp_path: Pa
     assert done.returncode == 0, done.stdout + done.stderr
     rows = load_results(out).sweep
     assert {r.impl.split(":")[0] for r in rows} == {"base", "head"}
+    # both kernels ran every case: an A/B where a side failed has no verdict to vouch for
+    assert all(r.status == "ok" and len(r.samples_ms) >= 2 for r in rows), [(r.impl, r.note) for r in rows]
     assert any("VA_AB_UNUSED_SWITCH" in r.impl for r in rows if r.impl.startswith("base:"))
     verdicts = {r.note.split(" ")[0] for r in rows if r.impl.startswith("head:")}
     assert compare.SLOWER not in verdicts and compare.FASTER not in verdicts
@@ -690,25 +757,31 @@ def test_ab_against_a_build_with_an_unused_flag_finds_no_regression(tmp_path: Pa
 
 @pytest.mark.gpu
 def test_ab_of_an_unchanged_kernel_against_its_commit_finds_no_regression(tmp_path: Path) -> None:
-    # A/A through the real worktree path: a repository holding a copy of this kernel, committed.
+    # A/A through the real worktree path: a repository holding a copy of this harness and kernel,
+    # committed; --base is resolved in the repository of the harness that runs.
     repo = tmp_path / "checkout"
-    shutil.copytree(PROJECT / "kernel", repo / "kernel", ignore=shutil.ignore_patterns("__pycache__"))
+    for part in ("kernel", "harness"):
+        shutil.copytree(PROJECT / part, repo / part, ignore=shutil.ignore_patterns("__pycache__"))
     git(repo, "init", "-q", "-b", "main")
-    sha = commit_all(repo, "kernel")
+    sha = commit_all(repo, "harness and kernel")
     (tmp_path / "tiny.toml").write_text(TINY_GRID)
     done = subprocess.run(
         [sys.executable, "-m", "harness", "ab", "--base", sha, "--grid", str(tmp_path / "tiny.toml")]
         + ["--out", str(tmp_path / "out")],
         cwd=repo,
-        env={**os.environ, "PYTHONPATH": str(PROJECT)},
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
         capture_output=True,
         text=True,
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    verdicts = {
-        r.note.split(" ")[0] for r in load_results(tmp_path / "out").sweep if r.impl.startswith("head:")
-    }
+    rows = load_results(tmp_path / "out").sweep
+    assert all(r.status == "ok" and len(r.samples_ms) >= 2 for r in rows), [(r.impl, r.note) for r in rows]
+    assert {r.impl.split("+")[0] for r in rows} == {
+        f"base:{sha[:7]}",
+        f"head:{sha[:7]}",
+    }  # one commit, two builds
+    verdicts = {r.note.split(" ")[0] for r in rows if r.impl.startswith("head:")}
     assert compare.SLOWER not in verdicts and compare.FASTER not in verdicts
     assert worktrees(repo) == [str(repo)]
 

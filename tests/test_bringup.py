@@ -136,12 +136,38 @@ def test_list_prints_every_command_and_runs_nothing(tmp_path, capsys) -> None:
     assert not out.exists()
 
 
-def test_a_box_without_a_gpu_skips_every_step_and_says_why(tmp_path) -> None:
+def test_a_box_without_a_gpu_skips_every_step_says_why_and_exits_3(tmp_path, capsys) -> None:
+    """A CPU build of torch on a GPU box, or an empty CUDA_VISIBLE_DEVICES: nothing was brought
+    up, which must not read as success."""
     out = tmp_path / "run"
-    assert bringup.main(_args(out=str(out)), box=Box(gpus=0)) == 0
+    assert bringup.main(_args(out=str(out)), box=Box(gpus=0)) == 3
     record = json.loads((out / "bringup.json").read_text())
     assert {s["status"] for s in record["steps"]} == {"skipped"}
     assert {s["reason"] for s in record["steps"]} == {"no CUDA device is visible to torch"}
+    assert "nothing brought up: no CUDA device is visible to torch" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", [".", "reports", "bundles"])
+def test_an_out_folder_of_other_files_is_refused_before_anything_is_written(
+    tmp_path, capsys, name: str
+) -> None:
+    """`--out .` would write the record and README.md over the project's own README."""
+    out = tmp_path / name
+    out.mkdir(exist_ok=True)
+    (out / "README.md").write_text("the project's README")
+    steps = [Step("box", "stand-in", _py("raise SystemExit('ran')"), 60)]
+    assert bringup.main(_args(out=str(out)), box=Box(gpus=1), python=sys.executable, steps=steps) == 2
+    assert "is a folder of other files" in capsys.readouterr().err
+    assert (out / "README.md").read_text() == "the project's README"
+    assert sorted(p.name for p in out.iterdir()) == ["README.md"]
+
+
+def test_an_out_name_the_file_system_refuses_exits_2_naming_it(tmp_path, capsys) -> None:
+    out = tmp_path / ("a" * 300)
+    steps = [Step("box", "stand-in", _py("raise SystemExit('ran')"), 60)]
+    assert bringup.main(_args(out=str(out)), box=Box(gpus=1), python=sys.executable, steps=steps) == 2
+    err = capsys.readouterr().err
+    assert "error: --out " in err and "File name too long" in err and "Traceback" not in err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -358,8 +384,13 @@ def test_a_resumed_bringup_passes_its_folder_to_mma_peak_which_accepts_it(
     (out / "mma-peak.json").write_text("{}")
     assert bringup.main(_args(out=str(out)), box=Box(gpus=1), python=sys.executable, steps=steps) == 0
     from harness.cli import check_run_out_dir
+    from harness.mma_peak import check_no_record
 
     assert check_run_out_dir(str(out), reports) == out
+    check_no_record(str(out))  # a bring-up's own mma-peak.json is replaced by its rerun
+    (out / "bringup.json").unlink()
+    with pytest.raises(ValueError, match="already holds mma-peak.json"):
+        check_no_record(str(out))  # the same folder without the record: another run's, kept
 
 
 def test_the_probe_is_the_last_probe_line_of_the_build_log(tmp_path) -> None:
@@ -746,3 +777,44 @@ def test_the_box_step_records_each_nvidia_smi_query(tmp_path, monkeypatch, capsy
     assert out.rstrip().endswith("box: 3 nvidia-smi queries, one or more failed")
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert bringup._needs_nvidia_smi(Box(gpus=1), None) == "nvidia-smi is not on the PATH"
+
+
+def test_a_step_skipped_on_a_rerun_keeps_the_earlier_outcome_and_each_step_names_its_box(
+    reports, monkeypatch
+) -> None:
+    """TP passed on a box of two GPUs; a rerun of it on a box of one skips it: the record keeps
+    the pass (whose log and reports are beside it), and says which box and commit it ran on."""
+    out = reports / "run"
+    steps = [Step("tp", "stand-in", _py("print('tp: 531 rows, 0 failed')"), 60, bringup._needs_two_gpus)]
+    two = Box(gpus=2, name="NVIDIA H200", capability="9.0")
+    assert bringup.main(_args(out=str(out)), box=two, python=sys.executable, steps=steps) == 0
+    first = json.loads((out / "bringup.json").read_text())["steps"][0]
+    assert first["status"] == "passed" and first["gpu"] == "2x NVIDIA H200"
+    one = Box(gpus=1, name="NVIDIA RTX PRO 6000", capability="12.0")
+    assert bringup.main(_args(out=str(out)), box=one, python=sys.executable, steps=steps) == 0
+    record = json.loads((out / "bringup.json").read_text())
+    assert record["steps"] == [first]
+    assert [c["gpu"] for c in record["commands"]] == ["2x NVIDIA H200", "1x NVIDIA RTX PRO 6000"]
+    readme = (out / "README.md").read_text()
+    assert f"[run at {first['commit']} on 2x NVIDIA H200]" in readme
+
+
+def test_a_sigterm_stops_the_running_step_and_records_it(reports) -> None:
+    """nox or a job system stops a run with SIGTERM, a closed terminal with SIGHUP: the step is
+    stopped as for Ctrl-C and the record says so, instead of the step left running unrecorded."""
+    out = reports / "run"
+    started = reports / "started"
+    code = (
+        "import os, pathlib, signal, time\n"
+        f"pathlib.Path({str(started)!r}).write_text('x')\n"
+        "os.kill(os.getppid(), signal.SIGTERM)\n"
+        "time.sleep(60)\n"
+    )
+    steps = [Step("sweep", "stand-in", _py(code), 120)]
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        bringup.main(_args(out=str(out)), box=Box(gpus=1), python=sys.executable, steps=steps)
+    assert time.monotonic() - start < 30 and started.exists()
+    step = json.loads((out / "bringup.json").read_text())["steps"][0]
+    assert step["status"] == "interrupted" and step["reason"] == "stopped by a SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored

@@ -856,3 +856,27 @@ def test_the_workers_reference_notes_merge_into_one_per_implementation() -> None
         ),
         "grid g: plumbing",
     ]
+
+
+@pytest.mark.parametrize("several", [["--gpus", "2"], ["--tp", "2"]], ids=["gpus", "tp"])
+def test_a_run_whose_every_implementation_is_unavailable_exits_2_without_a_report(
+    grid_file: Path, tmp_path: Path, run_temp: Path, monkeypatch: pytest.MonkeyPatch, several: list[str]
+) -> None:
+    """As a plain sweep does (it refuses before timing): the workers find the kernel unavailable
+    on the CPU, time nothing, and the parent writes no empty report and says why."""
+    out = tmp_path / "run"
+    argv = [
+        "sweep",
+        "--grid",
+        str(grid_file),
+        "--device",
+        "cpu",
+        "--impls",
+        "verify-attn-cuda",
+        "--out",
+        str(out),
+    ]
+    code, err = _stderr_of(monkeypatch, lambda: cli_main([*argv, *several]))
+    assert code == 2, err
+    assert "nothing to time on this box: no implementation selected is available (verify-attn-cuda:" in err
+    assert not out.exists()
