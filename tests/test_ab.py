@@ -769,7 +769,7 @@ def test_ab_of_an_unchanged_kernel_against_its_commit_finds_no_regression(tmp_pa
         [sys.executable, "-m", "harness", "ab", "--base", sha, "--grid", str(tmp_path / "tiny.toml")]
         + ["--out", str(tmp_path / "out")],
         cwd=repo,
-        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        env=dict(os.environ),  # the copy's harness comes first on sys.path (the working folder)
         capture_output=True,
         text=True,
         check=False,
