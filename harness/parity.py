@@ -61,22 +61,15 @@ def check(
     implementation is registered as returning lse, so an lse of None fails (its lse check would
     otherwise be skipped unseen); an entry that returns none says so in its row's reason."""
     n, h = bundle.num_tokens, bundle.num_heads
-    if not isinstance(out, torch.Tensor):
-        return ParityRow(
-            bundle=bundle.name,
-            impl=impl,
-            status="fail",
-            reason=f"out is {type(out).__name__}, expected a torch.Tensor [{n}, {h}, {V_DIM}]",
-            run_time_s=run_time_s,
-        )
-    if tuple(out.shape) != (n, h, V_DIM):
-        return ParityRow(
-            bundle=bundle.name,
-            impl=impl,
-            status="fail",
-            reason=f"out has shape {list(out.shape)}, expected [{n}, {h}, {V_DIM}]",
-            run_time_s=run_time_s,
-        )
+    unusable = (
+        f"out is {type(out).__name__}, expected a torch.Tensor [{n}, {h}, {V_DIM}]"
+        if not isinstance(out, torch.Tensor)
+        else f"out has shape {list(out.shape)}, expected [{n}, {h}, {V_DIM}]"
+        if tuple(out.shape) != (n, h, V_DIM)
+        else None
+    )
+    if unusable:
+        return ParityRow(bundle=bundle.name, impl=impl, status="fail", reason=unusable, run_time_s=run_time_s)
     got = out.detach().to(device="cpu", dtype=torch.float64)
     ref = bundle.golden_out.to(torch.float64)
     problems = []
