@@ -66,7 +66,8 @@ def verify_attention(
                           Every tensor must be contiguous and start aligned: q, kv_cache and out
                           at 16 bytes (a fresh tensor does; a view at an odd offset may not), the
                           int32 and fp32 ones at 4 (a tensor from another library may not).
-                          Tokens x heads and kv_indices' length are each at most 2^30.
+                          Tokens x heads (and heads) are at most 2^30, kv_indices' length at
+                          most 2^30 - 64.
         validate:         also check what needs the device data (indptr monotonic and consistent,
                           T_b >= 1, slots inside the pool, every draft token sees itself). This copies
                           the indptrs, the tree mask and kv_indices' min and max to the host (a

@@ -42,7 +42,7 @@ the conversion 6-8 us eager or in a graph, at any buffer length; torch ops over 
 (still the path for CPU and meta tensors) took 2.3 ms and 1.2 GB at 21M, and 0.15-0.2 ms at an
 exact length. The kernel's call costs the same with the long list as with an exact one (its L2
 prefetch stops at ``kv_indptr[B]``, kernel/NOTES.md v77). The list must stay within the kernel's
-2^30 bound: ``max_num_tokens * max_context_len + N`` up to ~6,500 tokens at a 163840 context. The
+2^30 - 64 bound: ``max_num_tokens * max_context_len + N`` up to ~6,500 tokens at a 163840 context. The
 conversion is the same for every layer of a step: build it once per forward with
 :func:`verify_metadata_from_sglang` and pass it as ``metadata=`` to each layer's call. A kernel
 that read SGLang's two slot lists as they are would save the list's memory; it is not built.
@@ -370,8 +370,10 @@ def extend_attention_fwd(
 ) -> torch.Tensor:
     """SGLang's MLA verify call (same arguments), computed by this kernel into ``o_extend``.
 
-    Bind ``out_cache_loc`` (and ``prefix_len_sum`` when known) with functools.partial to swap
-    it in for the backend's ``extend_attention_fwd``. ``k_extend`` and ``v_extend`` are accepted
+    Call it for target-verify steps only (e.g. from an override of the backend's
+    ``_forward_extend_kernel``, which serves every extend), with that step's ``out_cache_loc``
+    (and ``prefix_len_sum`` when known): a fresh tensor each eager batch, so it is passed per
+    step, never bound once (harness/SGLANG.md, "Where it plugs in"). ``k_extend`` and ``v_extend`` are accepted
     but not read: the backend has already written those rows to the pool at ``out_cache_loc``,
     where this kernel reads them. ``sm_scale`` has no default (SGLang's 1/sqrt(576) is wrong for
     MLA). ``lse``, if given ([N, H] fp32), receives the log-sum-exp. The backend's other

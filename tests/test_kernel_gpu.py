@@ -817,9 +817,21 @@ BAD_CASES = {
         lambda a: _swap(a, tree_mask_indptr=_set(a["tree_mask_indptr"], 0, 1)),
         "tree_mask_indptr[0] must be 0",
     ),
-    "kv_indices beyond 2^30": (
-        lambda a: _swap(a, kv_indices=torch.zeros(2**30 + 1, dtype=torch.int32, device="cuda")),
-        "kv_indices has 1073741825 entries; at most 1073741824",
+    "kv_indices beyond 2^30 - 64": (
+        # at 2^30 the 48-key tiles' plan wrapped int32 and every row read NaN (binding.cpp kMaxKeys)
+        lambda a: _swap(a, kv_indices=torch.zeros(2**30 - 63, dtype=torch.int32, device="cuda")),
+        "kv_indices has 1073741761 entries; at most 1073741760 (2^30 - 64)",
+    ),
+    "heads beyond 2^30 with no tokens": (
+        # N * H = 0 bounds nothing; the plan took H as an int (0) and divided by it on sm_120
+        lambda a: _swap(
+            a,
+            q=torch.empty(0, 2**31, 576, dtype=torch.bfloat16, device="cuda"),
+            qo_indptr=torch.zeros(1, dtype=torch.int32, device="cuda"),
+            kv_indptr=torch.zeros(1, dtype=torch.int32, device="cuda"),
+            tree_mask_indptr=torch.zeros(1, dtype=torch.int32, device="cuda"),
+        ),
+        "and q.size(1) = 2147483648 must each be at most 1073741824 (2^30)",
     ),
     "out shape": (
         lambda a: _swap(a, out=torch.empty(*a["q"].shape[:2], 576, dtype=torch.bfloat16, device="cuda")),

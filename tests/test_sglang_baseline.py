@@ -338,3 +338,34 @@ def test_the_wheel_command_says_why_a_download_failed_without_a_traceback(
     a_file.write_text("")
     assert offline_wheels.main(["--dest", str(a_file)]) == 2
     assert "expected a folder for the wheels" in capsys.readouterr().err
+
+
+@needs_sglang
+def test_the_parameter_order_matches_the_installed_sglang() -> None:
+    """The harness passes KERNEL_PARAMS in order, and a backend may call the adapter positionally
+    as it calls SGLang's kernel: both orders are checked against the installed release's own
+    signature (in a child process: importing sglang decorates its Triton kernels)."""
+    code = (
+        "import inspect, json\n"
+        "from harness import impl_sglang\n"
+        "from kernel.sglang_adapter import extend_attention_fwd as adapter\n"
+        "k = impl_sglang.load_kernel()\n"
+        "assert not isinstance(k, str), k\n"
+        "print(json.dumps([list(inspect.signature(k.extend_attention_fwd).parameters),"
+        " list(inspect.signature(adapter).parameters)]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    import json
+
+    sglang_params, adapter_params = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sglang_params[: len(impl_sglang.KERNEL_PARAMS)] == list(impl_sglang.KERNEL_PARAMS)
+    shared = sglang_params.index("logit_cap") + 1  # the adapter's own keywords follow
+    assert adapter_params[:shared] == sglang_params[:shared]

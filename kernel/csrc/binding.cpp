@@ -24,8 +24,13 @@ namespace {
 
 constexpr int64_t kQKDim = 576;
 constexpr int64_t kVDim = 512;
-// The most (token, head) rows, and the most kv_indices entries, a call may have (see the check).
-constexpr int64_t kMaxRowsOrKeys = int64_t{1} << 30;
+// The most (token, head) rows a call may have, and the most kv_indices entries (see the checks).
+constexpr int64_t kMaxRows = int64_t{1} << 30;
+// An unsplit request's split length is its key count rounded up to whole tiles; the plan adds
+// it to a position and rounds up again in int32. With 48-key tiles (wgmma-ws) 2^30 keys round up
+// to 2^30 + 32, and that sum passed 2^31 - 1: the split count wrapped to -1 and every row read
+// NaN. 64 keys below 2^30 leave room for the widest tile's rounding.
+constexpr int64_t kMaxKeys = (int64_t{1} << 30) - 64;
 
 using va_checks::check_no_overlap;
 using va_checks::check_tensor;
@@ -147,11 +152,12 @@ std::vector<at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& 
   const int64_t int_max = std::numeric_limits<int32_t>::max();
   VA_CHECK(S <= int_max, "kv_cache has ", S, " slots; at most 2^31 - 1 are supported (int32 kv_indices)");
   // The plan counts rows and key positions in int32 and rounds them up by up to their own size
-  // (a split's end can reach twice the last position), so both stay within 2^30.
-  VA_CHECK(N * H <= kMaxRowsOrKeys, "q.size(0) * q.size(1) (tokens x heads) = ", N * H, " exceeds the supported ",
-           kMaxRowsOrKeys, " (2^30) rows");
-  VA_CHECK(kv_indices.numel() <= kMaxRowsOrKeys, "kv_indices has ", kv_indices.numel(), " entries; at most ",
-           kMaxRowsOrKeys, " (2^30) are supported");
+  // (a split's end can reach twice the last position), so both stay within 2^30. H on its own
+  // too: with no tokens N * H bounds nothing, and the plan takes H as an int.
+  VA_CHECK(H <= kMaxRows && N * H <= kMaxRows, "q.size(0) * q.size(1) (tokens x heads) = ", N * H, " and q.size(1) = ",
+           H, " must each be at most ", kMaxRows, " (2^30)");
+  VA_CHECK(kv_indices.numel() <= kMaxKeys, "kv_indices has ", kv_indices.numel(), " entries; at most ", kMaxKeys,
+           " (2^30 - 64) are supported");
   VA_CHECK(std::isfinite(sm_scale) && sm_scale > 0, "sm_scale must be a finite positive number, got ", sm_scale);
   // The kernel computes in float32 with the scale times log2(e) (launch_impl): a double that is
   // finite and positive but becomes 0 or inf there would give an average of V or NaN, silently.
@@ -238,9 +244,10 @@ int64_t planned_config(int64_t device_index, int64_t batch, int64_t num_tokens, 
   VA_CHECK(batch >= 1 && num_tokens >= batch && num_heads >= 1 && num_kv_indices >= 0,
            "planned_config needs batch >= 1, num_tokens >= batch, num_heads >= 1, num_kv_indices >= 0; got ", batch,
            ", ", num_tokens, ", ", num_heads, ", ", num_kv_indices);
-  VA_CHECK(num_tokens * num_heads <= kMaxRowsOrKeys && num_kv_indices <= kMaxRowsOrKeys,
-           "planned_config: num_tokens * num_heads = ", num_tokens * num_heads, " and num_kv_indices = ",
-           num_kv_indices, " must each be at most ", kMaxRowsOrKeys, " (2^30), as verify_attention's");
+  VA_CHECK(num_heads <= kMaxRows && num_tokens * num_heads <= kMaxRows && num_kv_indices <= kMaxKeys,
+           "planned_config: num_heads = ", num_heads, " and num_tokens * num_heads = ", num_tokens * num_heads,
+           " must each be at most ", kMaxRows, " (2^30), and num_kv_indices = ", num_kv_indices, " at most ",
+           kMaxKeys, " (2^30 - 64), as verify_attention's");
   // make_plan asks the driver about the kernels of the current device: make it this one.
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
   va::Plan plan{};
