@@ -37,7 +37,7 @@ def call(num_draft, config):
     return kernel.verify_attention(*args, config=config), kernel.planned_config(q, idx, qo)
 
 
-print("build:", kernel.build_info())
+print("build:", kernel.load_extension().build_info())
 for config in ("wgmma", "wgmma-ws", "wgmma-ws-pipe"):
     for num_draft in ([], [4]):
         try:

@@ -435,8 +435,10 @@ def test_one_request_whose_tensors_run_past_its_indptrs(case: tuple[int, int, in
 
 
 def test_an_empty_batch_writes_nothing_on_every_config() -> None:
-    """B = 0 (qo_indptr = [0]) with tokens in q that no request owns: every config returns at
-    once, given outputs untouched, validated or not, and in a CUDA graph too."""
+    """B = 0 (qo_indptr = [0]). Validated, q must then hold no token (qo_indptr[-1] = 0 =
+    q.size(0)) and every config runs the call; a q with tokens that no request owns is refused by
+    name. Unvalidated (the CUDA-graph path), such tokens are left alone: given outputs untouched,
+    eagerly and in a CUDA graph."""
     import kernel
 
     cuda = torch.device("cuda")
@@ -446,33 +448,29 @@ def test_an_empty_batch_writes_nothing_on_every_config() -> None:
     no_words = torch.zeros(0, dtype=torch.int32, device=cuda)
     no_slots = torch.zeros(0, dtype=torch.int32, device=cuda)
     for config in ("auto", *gpu_configs()):
-        for validate in (True, False):
-            out = torch.full((3, 8, 512), -7.0, dtype=torch.bfloat16, device=cuda)
-            lse = torch.full((3, 8), -9.0, dtype=torch.float32, device=cuda)
-            got = kernel.verify_attention(
-                q,
-                kv,
-                no_slots,
-                zero,
-                zero,
-                no_words,
-                zero,
-                0.1,
-                out=out,
-                lse=lse,
-                validate=validate,
-                config=config,
-            )
-            torch.cuda.synchronize()
-            assert got[0] is out and got[1] is lse
-            assert (out == -7.0).all() and (lse == -9.0).all(), f"config={config}: an empty batch wrote rows"
+        empty_out, empty_lse = kernel.verify_attention(
+            q[:0], kv, no_slots, zero, zero, no_words, zero, 0.1, config=config
+        )
+        assert empty_out.shape == (0, 8, 512) and empty_lse.shape == (0, 8), config
+        with pytest.raises(RuntimeError, match=r"qo_indptr\[-1\] = 0 must equal q.size\(0\) = 3"):
+            kernel.verify_attention(q, kv, no_slots, zero, zero, no_words, zero, 0.1, config=config)
+        out = torch.full((3, 8, 512), -7.0, dtype=torch.bfloat16, device=cuda)
+        lse = torch.full((3, 8), -9.0, dtype=torch.float32, device=cuda)
+        got = kernel.verify_attention(
+            q, kv, no_slots, zero, zero, no_words, zero, 0.1, out=out, lse=lse, validate=False, config=config
+        )
+        torch.cuda.synchronize()
+        assert got[0] is out and got[1] is lse
+        assert (out == -7.0).all() and (lse == -9.0).all(), f"config={config}: an empty batch wrote rows"
         fresh_out, fresh_lse = kernel.verify_attention(
-            q, kv, no_slots, zero, zero, no_words, zero, 0.1, config=config
+            q, kv, no_slots, zero, zero, no_words, zero, 0.1, validate=False, config=config
         )
         assert fresh_out.shape == (3, 8, 512) and fresh_lse.shape == (3, 8), config
     out = torch.full((3, 8, 512), -7.0, dtype=torch.bfloat16, device=cuda)
     replay = capture_graph(
-        lambda: kernel.verify_attention(q, kv, no_slots, zero, zero, no_words, zero, 0.1, out=out),
+        lambda: kernel.verify_attention(
+            q, kv, no_slots, zero, zero, no_words, zero, 0.1, out=out, validate=False
+        ),
         cuda,
         warmup=1,
     )
