@@ -12,6 +12,12 @@ target enqueues one call between two CUDA events (``harness.timing.EventClock``,
 timer), so a stored time is the call's GPU time from a cold L2, without the launch or a
 synchronisation. The tests hold the GPU lock the sweep and parity take, so a benchmark never shares
 the GPU with them.
+
+Its medians are for comparing one box's benchmark runs with each other, not with the sweep's rows:
+every round here flushes L2, which also evicts the kernel's code, where the sweep rotates input
+sets whenever they fit (DESIGN.md section 5; README "Choices made"), so at P <= 64k these read
+1.4-5 us above the sweep's on an H200 (kernel/NOTES.md, "pytest-benchmark against the sweep,
+separated"); and heavy cases drift with the board's power cap between runs.
 """
 
 from __future__ import annotations
