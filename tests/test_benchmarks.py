@@ -14,10 +14,8 @@ synchronisation. The tests hold the GPU lock the sweep and parity take, so a ben
 the GPU with them.
 
 Its medians are for comparing one box's benchmark runs with each other, not with the sweep's rows:
-every round here flushes L2, which also evicts the kernel's code, where the sweep rotates input
-sets whenever they fit (DESIGN.md section 5; README "Choices made"), so at P <= 64k these read
-1.4-5 us above the sweep's on an H200 (kernel/NOTES.md, "pytest-benchmark against the sweep,
-separated"); and heavy cases drift with the board's power cap between runs.
+every round here flushes L2 where the sweep rotates input sets (how far apart they read:
+kernel/NOTES.md, "pytest-benchmark against the sweep, separated").
 """
 
 from __future__ import annotations
