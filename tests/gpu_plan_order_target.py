@@ -2,9 +2,8 @@
 a build with `VA_DELAY_PLAN_PUBLISH_NS`, where each main kernel's CTA 0 publishes the plan's
 entries (each request's split count and first partial slot) late.
 
-Up to v77 the few-row combine read those entries before its griddepcontrol.wait, so the main
-kernel's CTA 0 had to let it launch only after writing them; since v78 it reads them after the
-wait (since v79 for batches of more than 32 requests, as these 40 are). Per config the GPU runs: a batch whose requests
+The few-row combine reads those entries before its griddepcontrol.wait, so the main kernel's CTA
+0 must let it launch only after writing them. Per config the GPU runs: a batch whose requests
 split (40 requests of one draft token and 8 heads, P=1000: 320 rows, the few-row combine, two
 splits a request when laid out for 100 SMs) and one whose requests do not (P=0), alternately,
 each call's outputs filled with NaN first and checked against the fp64 oracle. A combine let in

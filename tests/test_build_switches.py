@@ -30,18 +30,13 @@ def test_every_switch_is_documented_and_every_documented_switch_exists() -> None
 
 def test_every_switch_a_test_builds_with_is_one_the_sources_read() -> None:
     """The GPU tests that build with a switch (a flagged build: the sanitizer's uniform barriers,
-    the plan-order test's late plan, the combine-plan test's check and its mutant) test nothing if the sources no longer read it."""
+    the plan-order test's late plan) test nothing if the sources no longer read it."""
     used = set()
     for path in (PROJECT / "tests").glob("test_*.py"):
         text = path.read_text()
         if "flagged_build" in text:  # the tests that build the extension with flags of their own
             used |= set(re.findall(r"-D(VA_[A-Z0-9_]+)", text))
-    assert {
-        "VA_UNIFORM_GROUP_BARRIERS",
-        "VA_DELAY_PLAN_PUBLISH_NS",
-        "VA_CHECK_COMBINE_PLAN",
-        "VA_MUTATE_COMBINE_PLAN",
-    } <= used
+    assert {"VA_UNIFORM_GROUP_BARRIERS", "VA_DELAY_PLAN_PUBLISH_NS"} <= used
     assert used - source_switches() == set(), (
         f"tests build with switches the sources do not read: {sorted(used - source_switches())}"
     )

@@ -4,9 +4,7 @@ every main kernel's CTA 0 had to write them before it let the combine launch; th
 let it launch at entry, and a combine block that started while CTA 0 planned read the previous
 call's entries (under `pytest -n 8`, test_plans_of_other_sm_counts[84] failed with wrong rows
 once and with an illegal address once). Since v78 it reads them after the wait (the order the
-CUDA documents promise; `VA_PLAN_BEFORE_WAIT` builds v77's); since v79 only for batches of more
-than 32 requests (smaller ones derive them from the inputs: tests/test_combine_plan.py), and this
-test's 40 requests take that path. tests/gpu_plan_order_target.py runs
+CUDA documents promise; `VA_PLAN_BEFORE_WAIT` builds v77's). tests/gpu_plan_order_target.py runs
 every config on a build where CTA 0 publishes the plan 20 us late, so that a combine reading
 stale entries would do so on every call, not once in a while (kernel/NOTES.md, "The wgmma kernel
 let the combine read the previous call's plan", v78)."""

@@ -466,31 +466,17 @@ __device__ __forceinline__ void finish_plan(const Params& p, int L, int num_item
 }
 
 // The plan of plan_block below for a batch of at most 32 requests, by one warp (lane b holds
-// request b): shuffles instead of block reductions, the same arithmetic and the same result. A
-// function of the call's inputs only (the indptrs, the config, max_partials): the main kernels
-// publish it, and the few-row combine derives its request's entries again before its wait
-// (kernel/NOTES.md v79).
-struct LanePlan {
-  RequestBounds rb;  // request `lane`'s bounds (zeros past the batch)
-  bool has;          // lane < batch
-  int L;             // keys per split
-  int total;         // work items in all
-  int begin;         // the request's first item
-  int items;         // its items
-  int splits;        // its splits
-  int partial_base;  // its first partial slot, -1 if unsplit
-};
+// request b): shuffles instead of block reductions, the same arithmetic and the same result.
 template <class Cfg>
-__device__ __forceinline__ LanePlan lane_plan(const Params& p) {
+__device__ __forceinline__ void plan_warp(const Params& p, int item, BlockPlan* out) {
   const int lane = threadIdx.x % 32, H = p.num_heads;
-  LanePlan lp;
-  lp.has = lane < p.batch;
-  lp.rb = RequestBounds{};
+  const bool has = lane < p.batch;
   int len = 0, tiles_m = 0;
-  if (lp.has) {
-    lp.rb.load(p, lane);
-    len = lp.rb.kv_end - lp.rb.kv_begin;
-    tiles_m = ceil_div((lp.rb.q_end - lp.rb.q_begin) * H, Cfg::kM);
+  RequestBounds rb{};
+  if (has) {
+    rb.load(p, lane);
+    len = rb.kv_end - rb.kv_begin;
+    tiles_m = ceil_div((rb.q_end - rb.q_begin) * H, Cfg::kM);
   }
   const int max_len = warp_max(len);
   const int unsplit = warp_sum(tiles_m);
@@ -499,26 +485,16 @@ __device__ __forceinline__ LanePlan lane_plan(const Params& p) {
   split_bracket<Cfg>(p, max_len, unsplit, work, lo, hi);
   while (lo < hi) {
     const int mid = (lo + hi) >> 1;
-    const int items = warp_sum(lp.has ? ceil_div(len, mid * Cfg::kBlockN) * tiles_m : 0);
+    const int items = warp_sum(has ? ceil_div(len, mid * Cfg::kBlockN) * tiles_m : 0);
     if (items <= p.max_partials) hi = mid; else lo = mid + 1;
   }
-  lp.L = lo * Cfg::kBlockN;
-  lp.splits = lp.has ? ceil_div(len, lp.L) : 0;
-  lp.items = lp.splits * tiles_m;
-  const int in_part = lp.splits > 1 ? lp.items : 0;
-  const int item_inc = warp_inclusive_scan(lp.items), part_inc = warp_inclusive_scan(in_part);
-  lp.begin = item_inc - lp.items;
-  lp.total = __shfl_sync(0xffffffffu, item_inc, 31);
-  lp.partial_base = lp.splits > 1 ? part_inc - in_part : -1;
-  return lp;
-}
-
-template <class Cfg>
-__device__ __forceinline__ void plan_warp(const Params& p, int item, BlockPlan* out) {
-  const int lane = threadIdx.x % 32;
-  const LanePlan lp = lane_plan<Cfg>(p);
-  if (lp.has) place_request(p, item, lane, lp.rb, lp.begin, lp.items, lp.splits, lp.partial_base, out);
-  if (lane == 0) finish_plan(p, lp.L, lp.total, out);
+  const int L = lo * Cfg::kBlockN;
+  const int splits = has ? ceil_div(len, L) : 0, items = splits * tiles_m;
+  const int in_part = splits > 1 ? items : 0;
+  const int item_inc = warp_inclusive_scan(items), part_inc = warp_inclusive_scan(in_part);
+  const int begin = item_inc - items, total = __shfl_sync(0xffffffffu, item_inc, 31);
+  if (has) place_request(p, item, lane, rb, begin, items, splits, splits > 1 ? part_inc - in_part : -1, out);
+  if (lane == 0) finish_plan(p, L, total, out);
 }
 
 // Every thread of the CTA calls this; the result is in *out after it returns.
@@ -1336,68 +1312,18 @@ __global__ void __launch_bounds__(kGroups * kWideLanes) combine_wide_kernel(Para
   if (row >= total_rows) return;
   const CombineRow cr = combine_row<Cfg::kM>(p, row);
   const int t = threadIdx.x % kWideLanes, g = threadIdx.x / kWideLanes;
-  int splits, base;
-#if defined(VA_PLAN_BEFORE_WAIT)
+#ifdef VA_PLAN_BEFORE_WAIT
   // v77's order (kernel/NOTES.md v78): the plan's entries before the wait, one L2 round trip off
   // the path after the main grid. Every main kernel's CTA 0 writes them and fences before it lets
   // this kernel launch, but the launch does not make them visible here: only the wait does.
-  splits = __ldcg(p.num_splits + cr.b);
-  base = __ldcg(p.partial_base + cr.b);
+  const int splits = __ldcg(p.num_splits + cr.b), base = __ldcg(p.partial_base + cr.b);
   wait_for_primary_grid();
-#elif defined(VA_PLAN_AFTER_WAIT)
-  // v78's order (kernel/NOTES.md v79): the plan's entries, the main kernel's output, read after
-  // the wait, which alone makes the main grid's writes visible to this one. From L2
+#else
+  // The plan's entries are the main kernel's output: read after the wait, which alone makes the
+  // main grid's writes visible to this one (launching it early does not). From L2
   // (`ld.global.cg`): an earlier call's values may still sit in this SM's L1.
-  wait_for_primary_grid();
-  splits = __ldcg(p.num_splits + cr.b);
-  base = __ldcg(p.partial_base + cr.b);
-#else
-  // v79: a batch of up to 32 requests derives its request's split count and first partial slot
-  // before the wait, from the call's inputs alone (the indptrs, the config, max_partials) with the
-  // main kernels' own plan arithmetic (lane_plan), so that nothing after the main grid waits for
-  // them. The inputs were written by kernels that completed before any main CTA passed its own
-  // wait, and every main CTA lets this kernel launch only after that wait. Larger batches read
-  // the plan's entries after the wait, as v78 did (kernel/NOTES.md v79).
-  __shared__ int s_entries[2];
-  const bool derived = p.batch <= 32;
-  if (derived) {
-    if (threadIdx.x < 32) {
-      const LanePlan lp = lane_plan<Cfg>(p);
-      if (threadIdx.x == cr.b) {
-#ifdef VA_MUTATE_COMBINE_PLAN
-        // For tests only: a split request's last split left out (no read outside the request's
-        // partials), which tests/test_combine_plan.py must see.
-        s_entries[0] = lp.splits > 1 ? lp.splits - 1 : lp.splits;
-        s_entries[1] = lp.partial_base;
-#else
-        s_entries[0] = lp.splits;
-        s_entries[1] = lp.partial_base;
-#endif
-      }
-    }
-    __syncthreads();
-  }
-  wait_for_primary_grid();  // before reading the partials (and, every block, before it ends)
-  if (derived) {
-    splits = s_entries[0];
-    base = s_entries[1];
-#ifdef VA_CHECK_COMBINE_PLAN
-    // For tests only: the derived entries against the main kernel's published ones; a row whose
-    // entries differ is written as NaN, which the oracle's comparison reports.
-    if (splits != __ldcg(p.num_splits + cr.b) || base != __ldcg(p.partial_base + cr.b)) {
-      if (g == 0 && cr.in_batch) {
-        const __nv_bfloat16 nan = __float2bfloat16(NAN);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) p.out[static_cast<int64_t>(row) * kVDim + t * 8 + e] = nan;
-        if (t == 0) p.lse[row] = NAN;
-      }
-      return;
-    }
-#endif
-  } else {
-    splits = __ldcg(p.num_splits + cr.b);
-    base = __ldcg(p.partial_base + cr.b);
-  }
+  wait_for_primary_grid();  // before reading the plan and the partials (and, every block, before it ends)
+  const int splits = __ldcg(p.num_splits + cr.b), base = __ldcg(p.partial_base + cr.b);
 #endif
   if (splits == 1 || !cr.in_batch) return;  // written directly by the main kernel / no request's row
   [[maybe_unused]] const __half* parts = half_partials(p);
