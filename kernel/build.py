@@ -18,11 +18,13 @@ compiles the kernels for sm_90a and sm_120 on any machine with nvcc, without a G
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -103,20 +105,32 @@ def build_dir(name: str) -> Path:
     return Path(os.environ.get("VERIFY_ATTN_BUILD_DIR", Path.home() / ".cache" / "verify-attention")) / name
 
 
-# torch's build lock (``<build dir>/lock``) has no timeout: a build killed mid-way (a bring-up
-# step's timeout, Ctrl-C) leaves it, and every later build would wait for it silently, forever.
-# A build takes 30 s to 2 minutes (by the host's cores); a lock older than this is taken for a dead build's.
+# torch's build lock (``<build dir>/lock``) has no timeout and records no owner: a build killed
+# mid-way (a bring-up step's timeout, a test's, Ctrl-C) leaves it, and every later build would
+# wait for it silently, forever. So every build of this package first takes an advisory lock of
+# its own in the same directory (``build.flock``, flock(2)), which the OS releases when its holder
+# dies: while holding it, no live build of this package is running there, and a torch lock found
+# then is a dead build's, removed at once. A process waiting for a live build waits up to
+# LOCK_WAIT_S. Where flock(2) is missing (not POSIX, or a file system without it), a torch lock
+# older than STALE_LOCK_S is taken for a dead build's instead. A build takes 30 s to 2 minutes
+# (by the host's cores); loading a cached one takes the lock for a moment.
 STALE_LOCK_S = 30 * 60
 LOCK_WAIT_S = 15 * 60
 LOCK_POLL_S = 1.0
+OWN_LOCK = "build.flock"
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: the age rule below
+    fcntl = None
 
 
 def wait_for_build_lock(
     directory: Path, *, stale_s: float = STALE_LOCK_S, wait_s: float = LOCK_WAIT_S
 ) -> None:
-    """Before a build in ``directory``: remove torch's lock file if it is older than ``stale_s``
-    (a killed build's), else wait up to ``wait_s`` for another process's build to release it,
-    saying so once; RuntimeError naming the lock if it is still held then."""
+    """Where flock(2) is missing, before a build in ``directory``: remove torch's lock file if it is
+    older than ``stale_s`` (a killed build's), else wait up to ``wait_s`` for another process's
+    build to release it, saying so once; RuntimeError naming the lock if it is still held then."""
     lock = directory / "lock"
     deadline = time.monotonic() + wait_s
     said = False
@@ -142,6 +156,53 @@ def wait_for_build_lock(
         time.sleep(LOCK_POLL_S)
 
 
+@contextlib.contextmanager
+def build_lock(directory: Path, *, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+    """Hold this package's build lock on ``directory`` for the body: wait up to ``wait_s`` for a
+    live build of another process to end (saying so once; RuntimeError naming the directory if it
+    has not), then remove torch's lock file if a dead build left one (saying so)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:
+        wait_for_build_lock(directory, wait_s=wait_s)
+        yield
+        return
+    with open(directory / OWN_LOCK, "a") as fh:
+        deadline = time.monotonic() + wait_s
+        said = False
+        while True:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(
+                        f"another process has been building the extension in {directory} for over "
+                        f"{wait_s:.0f} s (it holds {directory / OWN_LOCK}); let it finish or stop it"
+                    ) from None
+                if not said:
+                    print(
+                        f"verify-attention: waiting for another process's build in {directory}",
+                        file=sys.stderr,
+                    )
+                    said = True
+                time.sleep(LOCK_POLL_S)
+            except OSError:  # a file system without flock(2) (some network mounts): the age rule
+                wait_for_build_lock(directory, wait_s=wait_s)
+                yield
+                return
+        try:
+            stale = directory / "lock"
+            if stale.exists():
+                print(
+                    f"verify-attention: removing {stale}, left by a build that did not finish",
+                    file=sys.stderr,
+                )
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
 def load_cuda_extension(
     name: str,
     sources: list[Path],
@@ -155,20 +216,19 @@ def load_cuda_extension(
     from torch.utils import cpp_extension
 
     directory = build_dir(name)
-    directory.mkdir(parents=True, exist_ok=True)
-    wait_for_build_lock(directory)
     previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
     os.environ["TORCH_CUDA_ARCH_LIST"] = archs
     try:
-        return cpp_extension.load(
-            name=name,
-            sources=[str(s) for s in sources],
-            extra_cflags=list(cflags or ()),
-            extra_cuda_cflags=cuda_cflags,
-            extra_include_paths=[str(CSRC)],
-            build_directory=str(directory),
-            verbose=verbose,
-        )
+        with build_lock(directory):
+            return cpp_extension.load(
+                name=name,
+                sources=[str(s) for s in sources],
+                extra_cflags=list(cflags or ()),
+                extra_cuda_cflags=cuda_cflags,
+                extra_include_paths=[str(CSRC)],
+                build_directory=str(directory),
+                verbose=verbose,
+            )
     finally:
         if previous is None:
             os.environ.pop("TORCH_CUDA_ARCH_LIST", None)

@@ -56,6 +56,53 @@ def test_a_stale_build_lock_is_removed_and_a_held_one_is_an_error_naming_it(
     build.wait_for_build_lock(tmp_path / "elsewhere")  # no lock: returns at once
 
 
+HOLD_FLOCK = """
+import fcntl, sys, time
+fh = open(sys.argv[1], "a")
+fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(
+    build.fcntl is None, reason="flock(2) is POSIX only; elsewhere the age rule above applies"
+)
+def test_a_dead_builds_lock_is_removed_at_once_and_a_live_build_is_waited_for_by_name(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A killed build leaves torch's lock file, fresh: the next build removes it at once (the age
+    rule would have waited up to 15 minutes), because no live process holds this package's own
+    lock. A build that is alive (another process holding it) is waited for, and named if it
+    outlasts the wait; it dies, and the lock is free again."""
+    import subprocess
+    import sys
+
+    torch_lock = tmp_path / "lock"
+    torch_lock.write_text("")  # fresh mtime: what a build killed a moment ago leaves
+    entered = []
+    with build.build_lock(tmp_path):
+        entered.append(True)
+        assert not torch_lock.exists()
+    assert entered and "left by a build that did not finish" in capsys.readouterr().err
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_FLOCK, str(tmp_path / build.OWN_LOCK)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        torch_lock.write_text("")  # the live build's own torch lock: must be left alone
+        with pytest.raises(RuntimeError, match=f"building the extension in {tmp_path} for over 0 s"):
+            with build.build_lock(tmp_path, wait_s=0):
+                pass
+        assert torch_lock.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    with build.build_lock(tmp_path, wait_s=5):  # the holder is dead: the OS released its lock
+        assert not torch_lock.exists()
+
+
 def test_env_archs_are_mapped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VERIFY_ATTN_ARCHS", "9.0;12.0")
     assert build.target_archs() == "9.0a;12.0"
