@@ -24,9 +24,10 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import IO
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("binding.cpp", "verify_attention.cu")
@@ -125,6 +126,20 @@ except ImportError:  # not POSIX: the age rule below
     fcntl = None
 
 
+def _wait_until(ready: Callable[[], bool], wait_s: float, waiting: str, timed_out: str) -> None:
+    """Poll ``ready`` every LOCK_POLL_S until it is true; print ``waiting`` once if it is not at
+    first, and raise RuntimeError(``timed_out``) once ``wait_s`` has passed."""
+    deadline = time.monotonic() + wait_s
+    said = False
+    while not ready():
+        if time.monotonic() >= deadline:
+            raise RuntimeError(timed_out)
+        if not said:
+            print(f"verify-attention: {waiting}", file=sys.stderr)
+            said = True
+        time.sleep(LOCK_POLL_S)
+
+
 def wait_for_build_lock(
     directory: Path, *, stale_s: float = STALE_LOCK_S, wait_s: float = LOCK_WAIT_S
 ) -> None:
@@ -132,28 +147,35 @@ def wait_for_build_lock(
     older than ``stale_s`` (a killed build's), else wait up to ``wait_s`` for another process's
     build to release it, saying so once; RuntimeError naming the lock if it is still held then."""
     lock = directory / "lock"
-    deadline = time.monotonic() + wait_s
-    said = False
-    while True:
+
+    def free() -> bool:
         try:
             age = time.time() - lock.stat().st_mtime
         except FileNotFoundError:
-            return
-        if age > stale_s:
-            print(
-                f"verify-attention: removing {lock}, a build lock {age / 60:.0f} minutes old", file=sys.stderr
-            )
-            lock.unlink(missing_ok=True)
-            return
-        if time.monotonic() >= deadline:
-            raise RuntimeError(
-                f"{lock} is still held after {wait_s:.0f} s: another process is building the extension "
-                "there, or a build was killed; remove the file if no build is running"
-            )
-        if not said:
-            print(f"verify-attention: waiting for another build to release {lock}", file=sys.stderr)
-            said = True
-        time.sleep(LOCK_POLL_S)
+            return True
+        if age <= stale_s:
+            return False
+        print(f"verify-attention: removing {lock}, a build lock {age / 60:.0f} minutes old", file=sys.stderr)
+        lock.unlink(missing_ok=True)
+        return True
+
+    _wait_until(
+        free,
+        wait_s,
+        f"waiting for another build to release {lock}",
+        f"{lock} is still held after {wait_s:.0f} s: another process is building the extension "
+        "there, or a build was killed; remove the file if no build is running",
+    )
+
+
+def _try_flock(fh: IO[str]) -> bool:
+    """Take an exclusive flock(2) on ``fh`` if no other process holds one; OSError where the file
+    system has no flock."""
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 @contextlib.contextmanager
@@ -162,34 +184,23 @@ def build_lock(directory: Path, *, wait_s: float = LOCK_WAIT_S) -> Iterator[None
     live build of another process to end (saying so once; RuntimeError naming the directory if it
     has not), then remove torch's lock file if a dead build left one (saying so)."""
     directory.mkdir(parents=True, exist_ok=True)
-    if fcntl is None:
-        wait_for_build_lock(directory, wait_s=wait_s)
-        yield
-        return
     with open(directory / OWN_LOCK, "a") as fh:
-        deadline = time.monotonic() + wait_s
-        said = False
-        while True:
-            try:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise RuntimeError(
-                        f"another process has been building the extension in {directory} for over "
-                        f"{wait_s:.0f} s (it holds {directory / OWN_LOCK}); let it finish or stop it"
-                    ) from None
-                if not said:
-                    print(
-                        f"verify-attention: waiting for another process's build in {directory}",
-                        file=sys.stderr,
-                    )
-                    said = True
-                time.sleep(LOCK_POLL_S)
-            except OSError:  # a file system without flock(2) (some network mounts): the age rule
-                wait_for_build_lock(directory, wait_s=wait_s)
-                yield
-                return
+        try:
+            flocked = fcntl is not None
+            if flocked:
+                _wait_until(
+                    lambda: _try_flock(fh),
+                    wait_s,
+                    f"waiting for another process's build in {directory}",
+                    f"another process has been building the extension in {directory} for over "
+                    f"{wait_s:.0f} s (it holds {directory / OWN_LOCK}); let it finish or stop it",
+                )
+        except OSError:  # a file system without flock(2) (some network mounts)
+            flocked = False
+        if not flocked:  # the age rule
+            wait_for_build_lock(directory, wait_s=wait_s)
+            yield
+            return
         try:
             stale = directory / "lock"
             if stale.exists():

@@ -103,6 +103,22 @@ def test_a_dead_builds_lock_is_removed_at_once_and_a_live_build_is_waited_for_by
         assert not torch_lock.exists()
 
 
+def test_without_flock_the_age_rule_decides(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file system without flock(2) (the call raises OSError): a fresh torch lock is a live
+    build's, waited for and named, as before the package's own lock existed."""
+
+    def no_flock(fh) -> bool:
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(build, "_try_flock", no_flock)
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    with pytest.raises(RuntimeError, match=f"{lock} is still held after 0 s"):
+        with build.build_lock(tmp_path, wait_s=0):
+            pass
+    assert lock.exists()
+
+
 def test_env_archs_are_mapped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VERIFY_ATTN_ARCHS", "9.0;12.0")
     assert build.target_archs() == "9.0a;12.0"
