@@ -1310,6 +1310,10 @@ template <class Cfg, int kGroups, int kPer, bool kHalf>
 __global__ void __launch_bounds__(kGroups * kWideLanes) combine_wide_kernel(Params p, int total_rows) {
   const int row = blockIdx.x;  // flattened (token, head)
   if (row >= total_rows) return;
+#if !defined(VA_PLAN_BEFORE_WAIT) && !defined(VA_PLAN_THEN_PARTIALS)
+  // Request 0's keys (v81), loaded first so that they share combine_row's first L2 round trip.
+  const int keys0 = __ldg(p.kv_indptr + 1) - __ldg(p.kv_indptr);
+#endif
   const CombineRow cr = combine_row<Cfg::kM>(p, row);
   const int t = threadIdx.x % kWideLanes, g = threadIdx.x / kWideLanes;
   constexpr int kBatch = kGroups * kPer;  // splits a block loads before it uses any
@@ -1360,13 +1364,12 @@ __global__ void __launch_bounds__(kGroups * kWideLanes) combine_wide_kernel(Para
   // v80 (kernel/NOTES.md): request 0's partials start at slot 0 whenever it is split (both plans
   // lay split requests out from slot 0 in request order), so its rows issue the first batch's
   // loads right behind the entries' instead of one L2 round trip later. Loaded: every split that
-  // could exist (a split holds at least one KV tile; the partial buffer's bound), from the
-  // request's keys, an input readable before the wait like qo_indptr above.
+  // could exist (a split holds min_split_tiles tiles or the whole request; the partial buffer's
+  // bound), from the request's keys, an input readable before the wait like qo_indptr.
   int spec = 0;
-  if (cr.b == 0 && cr.in_batch) {
-    const int keys = __ldg(p.kv_indptr + 1) - __ldg(p.kv_indptr);
-    spec = min(min(kBatch, ceil_div(keys, Cfg::kBlockN)), ceil_div(p.max_partials - cr.row_tile, cr.row_tiles));
-  }
+  if (cr.b == 0 && cr.in_batch)
+    spec = min(min(kBatch, ceil_div(keys0, p.min_split_tiles * Cfg::kBlockN)),
+               ceil_div(p.max_partials - cr.row_tile, cr.row_tiles));
 #endif
   wait_for_primary_grid();  // before reading the plan and the partials (and, every block, before it ends)
   const int splits = __ldcg(p.num_splits + cr.b), base = __ldcg(p.partial_base + cr.b);
