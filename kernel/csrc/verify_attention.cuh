@@ -1310,24 +1310,35 @@ template <class Cfg, int kGroups, int kPer, bool kHalf>
 __global__ void __launch_bounds__(kGroups * kWideLanes) combine_wide_kernel(Params p, int total_rows) {
   const int row = blockIdx.x;  // flattened (token, head)
   if (row >= total_rows) return;
-#if !defined(VA_PLAN_BEFORE_WAIT) && !defined(VA_PLAN_THEN_PARTIALS)
-  // Request 0's keys (v81), loaded first so that they share combine_row's first L2 round trip.
-  const int keys0 = __ldg(p.kv_indptr + 1) - __ldg(p.kv_indptr);
-#endif
   const CombineRow cr = combine_row<Cfg::kM>(p, row);
   const int t = threadIdx.x % kWideLanes, g = threadIdx.x / kWideLanes;
-  constexpr int kBatch = kGroups * kPer;  // splits a block loads before it uses any
-  constexpr int kWords = kHalf ? 1 : 2;   // 16-byte words of a thread's 8 dims
+#ifdef VA_PLAN_BEFORE_WAIT
+  // v77's order (kernel/NOTES.md v78): the plan's entries before the wait, one L2 round trip off
+  // the path after the main grid. Every main kernel's CTA 0 writes them and fences before it lets
+  // this kernel launch, but the launch does not make them visible here: only the wait does.
+  const int splits = __ldcg(p.num_splits + cr.b), base = __ldcg(p.partial_base + cr.b);
+  wait_for_primary_grid();
+#else
+  // The plan's entries are the main kernel's output: read after the wait, which alone makes the
+  // main grid's writes visible to this one (launching it early does not). From L2
+  // (`ld.global.cg`): an earlier call's values may still sit in this SM's L1.
+  wait_for_primary_grid();  // before reading the plan and the partials (and, every block, before it ends)
+  const int splits = __ldcg(p.num_splits + cr.b), base = __ldcg(p.partial_base + cr.b);
+#endif
+  if (splits == 1 || !cr.in_batch) return;  // written directly by the main kernel / no request's row
   [[maybe_unused]] const __half* parts = half_partials(p);
   [[maybe_unused]] const float* scales = half_partial_scales(p);
-  // One batch of splits, s = s0 + i kGroups for s < limit, of a request whose partials start at
-  // slot base; the rest read as splits with no visible key (weight 0).
-  auto load_batch = [&](int s0, int base, int limit, uint4 (&v)[kPer][kWords], float (&lse)[kPer],
-                        float (&sc)[kPer]) {
+  float m = -INFINITY, denom = 0.f, acc[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+  constexpr int kWords = kHalf ? 1 : 2;  // 16-byte words of a thread's 8 dims
+  for (int s0 = g; s0 < splits; s0 += kGroups * kPer) {
+    uint4 v[kPer][kWords];
+    float lse[kPer], sc[kPer];
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int s = s0 + i * kGroups;
-      if (s < limit) {
+      if (s < splits) {
         const int64_t prow = cr.partial_row<Cfg::kM>(base, s);
         lse[i] = p.partial_lse[prow];
         if constexpr (kHalf) {
@@ -1346,61 +1357,6 @@ __global__ void __launch_bounds__(kGroups * kWideLanes) combine_wide_kernel(Para
         for (int k = 0; k < kWords; ++k) v[i][k] = make_uint4(0, 0, 0, 0);
       }
     }
-  };
-#ifdef VA_PLAN_BEFORE_WAIT
-  // v77's order (kernel/NOTES.md v78): the plan's entries before the wait, one L2 round trip off
-  // the path after the main grid. Every main kernel's CTA 0 writes them and fences before it lets
-  // this kernel launch, but the launch does not make them visible here: only the wait does.
-  constexpr int spec = 0;
-  const int splits = __ldcg(p.num_splits + cr.b), base = __ldcg(p.partial_base + cr.b);
-  wait_for_primary_grid();
-#else
-  // The plan's entries are the main kernel's output: read after the wait, which alone makes the
-  // main grid's writes visible to this one (launching it early does not). From L2
-  // (`ld.global.cg`): an earlier call's values may still sit in this SM's L1.
-#ifdef VA_PLAN_THEN_PARTIALS
-  constexpr int spec = 0;  // v78: the partials' loads wait for the entries
-#else
-  // v80 (kernel/NOTES.md): request 0's partials start at slot 0 whenever it is split (both plans
-  // lay split requests out from slot 0 in request order), so its rows issue the first batch's
-  // loads right behind the entries' instead of one L2 round trip later. Loaded: every split that
-  // could exist (a split holds min_split_tiles tiles or the whole request; the partial buffer's
-  // bound), from the request's keys, an input readable before the wait like qo_indptr.
-  int spec = 0;
-  if (cr.b == 0 && cr.in_batch)
-    spec = min(min(kBatch, ceil_div(keys0, p.min_split_tiles * Cfg::kBlockN)),
-               ceil_div(p.max_partials - cr.row_tile, cr.row_tiles));
-#endif
-  wait_for_primary_grid();  // before reading the plan and the partials (and, every block, before it ends)
-  const int splits = __ldcg(p.num_splits + cr.b), base = __ldcg(p.partial_base + cr.b);
-#endif
-  uint4 v[kPer][kWords];
-  float lse[kPer], sc[kPer];
-  if (spec > 0) load_batch(g, 0, spec, v, lse, sc);  // in flight with the entries' loads
-  if (splits == 1 || !cr.in_batch) return;  // written directly by the main kernel / no request's row
-  // The speculative batch stands if it covers the first batch's splits (the plans never give
-  // request 0 another slot or more splits than keys' tiles; checked anyway). Splits past the count
-  // are dropped by a select: their slots hold an earlier call's values or the allocator's (NaN).
-  bool loaded = spec > 0 && base == 0 && spec >= min(splits, kBatch);
-#ifndef VA_MUTATE_SPECULATIVE_MASK
-  if (loaded) {
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      if (g + i * kGroups >= splits) {
-        lse[i] = -INFINITY;
-        sc[i] = 0.f;
-#pragma unroll
-        for (int k = 0; k < kWords; ++k) v[i][k] = make_uint4(0, 0, 0, 0);
-      }
-    }
-  }
-#endif
-  float m = -INFINITY, denom = 0.f, acc[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) acc[e] = 0.f;
-  for (int s0 = g; s0 < splits; s0 += kBatch) {
-    if (!loaded) load_batch(s0, base, splits, v, lse, sc);
-    loaded = false;
     float bm = m;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) bm = fmaxf(bm, lse[i]);
