@@ -1338,7 +1338,11 @@ __global__ void __launch_bounds__(kGroups * kWideLanes) combine_wide_kernel(Para
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int s = s0 + i * kGroups;
+#ifdef VA_MUTATE_COMBINE_EXTRA_SPLIT
+      if (s <= splits) {  // for tests only: one slot past the request's splits, which no item wrote
+#else
       if (s < splits) {
+#endif
         const int64_t prow = cr.partial_row<Cfg::kM>(base, s);
         lse[i] = p.partial_lse[prow];
         if constexpr (kHalf) {
