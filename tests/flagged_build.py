@@ -37,3 +37,15 @@ def build_with_flags(flags: str, timeout_s: float = 900, archs: str | None = Non
     )
     assert res.returncode == 0, f"the build with {flags} failed:\n{(res.stdout + res.stderr)[-4000:]}"
     return env
+
+
+def run_on_build(
+    flags: str, args: list[str], archs: str | None = None, timeout_s: float = 600
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Build with ``flags`` (build_with_flags), then run ``python *args`` from the project root on
+    that build; the finished process and the last 4000 characters of its output."""
+    env = build_with_flags(flags, archs=archs)
+    res = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=timeout_s, env=env, cwd=ROOT
+    )
+    return res, (res.stdout + res.stderr)[-4000:]

@@ -6,12 +6,9 @@ and `auto` runs the mma.sync kernels. The workload runs in a process of its own 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
-from flagged_build import ROOT, build_with_flags
+from flagged_build import run_on_build
 
 pytestmark = pytest.mark.gpu
 
@@ -56,11 +53,7 @@ print("auto ran:", planned, bool(out.isfinite().all() and lse.isfinite().all()))
 def test_a_build_without_sm90a_refuses_the_wgmma_configs_even_for_an_empty_batch() -> None:
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("a 9.0+PTX build runs its own machine code only on compute capability 9.0")
-    env = build_with_flags("", archs="9.0+PTX")
-    res = subprocess.run(
-        [sys.executable, "-c", WORKLOAD], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT
-    )
-    tail = (res.stdout + res.stderr)[-4000:]
+    res, tail = run_on_build("", ["-c", WORKLOAD], archs="9.0+PTX")
     assert res.returncode == 0, f"exit {res.returncode}:\n{tail}"
     assert "[not in this build]" in res.stdout, tail
     for config in ("wgmma", "wgmma-ws", "wgmma-ws-pipe"):

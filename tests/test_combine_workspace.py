@@ -7,11 +7,9 @@ must not: the control that the workload reaches slots no item wrote (kernel/NOTE
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
-from flagged_build import ROOT, build_with_flags
+from flagged_build import ROOT, run_on_build
 
 pytestmark = pytest.mark.gpu
 
@@ -19,9 +17,7 @@ TARGET = ROOT / "tests" / "gpu_workspace_target.py"
 
 
 def run_target(flags: str) -> tuple[int, int, int, str]:
-    env = build_with_flags(flags)
-    res = subprocess.run([sys.executable, str(TARGET)], capture_output=True, text=True, timeout=600, env=env)
-    tail = (res.stdout + res.stderr)[-4000:]
+    res, tail = run_on_build(flags, [str(TARGET)])
     m = re.search(r"workspace workload done: .*; (\d+) of (\d+) calls wrong", res.stdout)
     assert m, f"exit {res.returncode}, no summary:\n{tail}"
     return res.returncode, int(m.group(1)), int(m.group(2)), tail

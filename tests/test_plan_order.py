@@ -11,11 +11,8 @@ let the combine read the previous call's plan", v78)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from flagged_build import ROOT, build_with_flags
+from flagged_build import ROOT, run_on_build
 
 pytestmark = pytest.mark.gpu
 
@@ -24,8 +21,6 @@ DELAY = "-DVA_DELAY_PLAN_PUBLISH_NS=20000"
 
 
 def test_the_combine_reads_this_calls_plan() -> None:
-    env = build_with_flags(DELAY)
-    res = subprocess.run([sys.executable, str(TARGET)], capture_output=True, text=True, timeout=600, env=env)
-    tail = (res.stdout + res.stderr)[-4000:]
+    res, tail = run_on_build(DELAY, [str(TARGET)])
     assert res.returncode == 0, f"exit {res.returncode}:\n{tail}"
     assert "plan order workload done" in res.stdout and "; 0 calls wrong" in res.stdout, tail
