@@ -119,6 +119,7 @@ STALE_LOCK_S = 30 * 60
 LOCK_WAIT_S = 15 * 60
 LOCK_POLL_S = 1.0
 OWN_LOCK = "build.flock"
+TORCH_LOCK = "lock"  # torch.utils.cpp_extension's, in the same directory
 
 try:
     import fcntl
@@ -146,7 +147,7 @@ def wait_for_build_lock(
     """Where flock(2) is missing, before a build in ``directory``: remove torch's lock file if it is
     older than ``stale_s`` (a killed build's), else wait up to ``wait_s`` for another process's
     build to release it, saying so once; RuntimeError naming the lock if it is still held then."""
-    lock = directory / "lock"
+    lock = directory / TORCH_LOCK
 
     def free() -> bool:
         try:
@@ -202,7 +203,7 @@ def build_lock(directory: Path, *, wait_s: float = LOCK_WAIT_S) -> Iterator[None
             yield
             return
         try:
-            stale = directory / "lock"
+            stale = directory / TORCH_LOCK
             if stale.exists():
                 print(
                     f"verify-attention: removing {stale}, left by a build that did not finish",
