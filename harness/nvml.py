@@ -8,10 +8,23 @@ samples may have run below the clocks of the others.
     snap  -> {"name", "uuid", "driver", "sm_clock_mhz", "mem_clock_mhz", "max_sm_clock_mhz",
               "max_mem_clock_mhz", "temperature_c", "power_w", "power_limit_w",
               "throttle_reasons": [...], "throttled": bool}   or None (then reason says why)
+
+Per sample, a :class:`Poller` reads the clock-event reasons and the violation counters while the
+samples run (:func:`harness.timing.measure` reads it between the samples' enqueue and their end),
+and :func:`flag_samples` names the samples whose nearest readings show a cap:
+
+    poller, reason = Poller.of(torch.device("cuda:0"))       # None where NVML cannot be read
+    t = measure(fn, monitor=poller)                           # t.spans: each sample's host time
+    flagged = flag_samples(t.spans, poller.readings)          # indices into t.samples_ms
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -69,6 +82,29 @@ def _handle(pynvml: Any, device: torch.device) -> Any:
     return pynvml.nvmlDeviceGetHandleByIndex(index)
 
 
+def _reasons_reader(pynvml: Any) -> Any:
+    # renamed in NVML 12.2; older bindings only have the throttle name
+    return (
+        getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    )
+
+
+def _violation_ns(pynvml: Any, handle: Any, policy_name: str) -> int | None:
+    """Cumulative time NVML's policy ``policy_name`` held the clocks down since the driver
+    loaded; None where the board or the bindings do not say. Two readings bracket a span of
+    time, where the current reasons show only its two ends."""
+    policy = getattr(pynvml, policy_name, None)
+    read = getattr(pynvml, "nvmlDeviceGetViolationStatus", None)
+    if policy is None or read is None:
+        return None
+    try:
+        value = getattr(read(handle, policy), "violationTime", None)
+    except pynvml.NVMLError:
+        return None
+    return int(value) if isinstance(value, int) else None
+
+
 def _read(pynvml: Any, handle: Any) -> dict[str, Any]:
     def get(fn: Any, *args: Any) -> Any:
         # a field the board does not support is None; the other fields still count
@@ -80,21 +116,7 @@ def _read(pynvml: Any, handle: Any) -> dict[str, Any]:
     def watts(milliwatts: int | None) -> float | None:
         return None if milliwatts is None else round(milliwatts / 1000.0, 1)
 
-    # renamed in NVML 12.2; older bindings only have the throttle name
-    get_reasons = (
-        getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
-        or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
-    )
-    reasons = decode_throttle_reasons(int(get_reasons(handle)))
-
-    def violation_ns(policy_name: str) -> int | None:
-        # Cumulative time the clocks were held down by that policy since the driver loaded: two
-        # readings bracket the samples, where the current reasons show only their two ends.
-        policy = getattr(pynvml, policy_name, None)
-        read = getattr(pynvml, "nvmlDeviceGetViolationStatus", None)
-        status = None if policy is None or read is None else get(read, handle, policy)
-        value = getattr(status, "violationTime", None)
-        return int(value) if isinstance(value, int) else None
+    reasons = decode_throttle_reasons(int(_reasons_reader(pynvml)(handle)))
 
     return {
         "name": _text(pynvml.nvmlDeviceGetName(handle)),
@@ -110,8 +132,8 @@ def _read(pynvml: Any, handle: Any) -> dict[str, Any]:
         "throttle_reasons": reasons,
         "throttled": is_throttled(reasons),
         "violation_ns": {
-            "power": violation_ns("NVML_PERF_POLICY_POWER"),
-            "thermal": violation_ns("NVML_PERF_POLICY_THERMAL"),
+            "power": _violation_ns(pynvml, handle, "NVML_PERF_POLICY_POWER"),
+            "thermal": _violation_ns(pynvml, handle, "NVML_PERF_POLICY_THERMAL"),
         },
     }
 
@@ -145,3 +167,114 @@ def snapshot(device: torch.device | str = "cuda") -> tuple[dict[str, Any] | None
         return _read(pynvml, _handle(pynvml, device)), ""
     except Exception as e:  # NVML is context for a run, never a reason to stop it
         return None, f"NVML query failed: {type(e).__name__}: {e}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Per sample
+
+# How long the host sleeps between two readings while a batch of samples runs. NVML's readings
+# take tens of microseconds each; the driver refreshes them at its own rate, which bounds what
+# any poll rate can resolve (README, "Choices made where the design was silent").
+POLL_INTERVAL_S = 0.0005
+# Each sample's host-time span is widened by this much on both sides before its nearest readings
+# are taken: the span is placed from an event the GPU runs a few microseconds after the host
+# reads its clock (harness/timing.py, Sampler.samples).
+SPAN_MARGIN_S = 0.00005
+_BENIGN_MASK = sum(bit for bit, name in THROTTLE_REASON_BITS.items() if name in BENIGN_REASONS)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One NVML reading of a GPU: the host's ``time.monotonic()`` when it was taken, the
+    clock-event reason bits, and the cumulative power and thermal violation times (ns; None
+    where the board does not say)."""
+
+    t: float
+    reasons: int
+    power_ns: int | None
+    thermal_ns: int | None
+
+    @property
+    def capped(self) -> bool:
+        """A reason that may lower the clocks is set (see ``BENIGN_REASONS``)."""
+        return bool(self.reasons & ~_BENIGN_MASK)
+
+
+class Poller:
+    """Reads one GPU's clock-event reasons and violation counters on each :meth:`read`, with the
+    host's monotonic time, into ``readings`` (:meth:`clear` empties it). Cheap enough to call
+    every half millisecond while samples run: three NVML queries and no snapshot's other fields.
+    A query that fails ends the readings (``failed`` says why); the samples are then not flagged."""
+
+    def __init__(self, pynvml: Any, handle: Any) -> None:
+        self._pynvml = pynvml
+        self._handle = handle
+        self._get_reasons = _reasons_reader(pynvml)
+        self.readings: list[Reading] = []
+        self.failed = ""
+
+    @classmethod
+    def of(cls, device: Any) -> tuple[Poller | None, str]:
+        """A poller of a CUDA device, or (None, reason) where NVML cannot be read here."""
+        snap, reason = snapshot(device)
+        if snap is None:
+            return None, reason
+        pynvml, _ = _nvml()
+        try:
+            return cls(pynvml, _handle(pynvml, torch.device(device))), ""
+        except Exception as e:  # context for a run, never a reason to stop it
+            return None, f"NVML query failed: {type(e).__name__}: {e}"
+
+    def clear(self) -> None:
+        self.readings = []
+        self.failed = ""
+
+    def read(self) -> None:
+        if self.failed:
+            return
+        p, h = self._pynvml, self._handle
+        try:
+            reasons = int(self._get_reasons(h))
+        except Exception as e:
+            self.failed = f"NVML query failed: {type(e).__name__}: {e}"
+            return
+        power = _violation_ns(p, h, "NVML_PERF_POLICY_POWER")
+        thermal = _violation_ns(p, h, "NVML_PERF_POLICY_THERMAL")
+        self.readings.append(Reading(time.monotonic(), reasons, power, thermal))
+
+
+def _grew(first: int | None, last: int | None) -> bool:
+    return isinstance(first, int) and isinstance(last, int) and last > first
+
+
+def flag_samples(
+    spans: Sequence[tuple[float, float]], readings: Sequence[Reading], margin_s: float = SPAN_MARGIN_S
+) -> list[int]:
+    """Indices of the samples that may have run capped: those whose readings, from the last one
+    taken before the sample's start to the first one taken after its end (its host-time span
+    widened by ``margin_s``; the first or last reading where none lies beyond it), include one
+    with a clock-lowering reason, or across which the power or thermal violation time grew.
+
+    ``spans`` are (start, end) in ``time.monotonic()`` seconds, one per sample; ``readings`` in
+    the order taken. ValueError without readings, or with readings out of time order."""
+    if not readings:
+        raise ValueError("flag_samples: readings is empty; a poller that read nothing flags nothing")
+    times = [r.t for r in readings]
+    if any(b < a for a, b in itertools.pairwise(times)):
+        raise ValueError("flag_samples: readings must be in the order they were taken")
+    # capped_before[i]: readings[0..i) include a capped one, so a window's test is one subtraction
+    capped_before = [0]
+    for r in readings:
+        capped_before.append(capped_before[-1] + r.capped)
+    flagged = []
+    for i, (start, end) in enumerate(spans):
+        lo = max(bisect.bisect_right(times, start - margin_s) - 1, 0)
+        hi = min(bisect.bisect_left(times, end + margin_s), len(readings) - 1)
+        first, last = readings[lo], readings[hi]
+        if (
+            capped_before[hi + 1] > capped_before[lo]
+            or _grew(first.power_ns, last.power_ns)
+            or _grew(first.thermal_ns, last.thermal_ns)
+        ):
+            flagged.append(i)
+    return flagged

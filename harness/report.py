@@ -482,7 +482,7 @@ def summary_table(results: Results, mode: str) -> str:
                 rec[column] = f'<div class="num">{_pill("error", "bad")}</div>'
             else:
                 floor = "" if r.pct_of_floor is None else f"{r.pct_of_floor:.3g} % of floor"
-                flag = _pill("throttled", "warn") + " " if r.throttled else ""
+                flag = throttle_pill(r)
                 rec[column] = (
                     f'<div class="num">{flag}{r.median_ms:.4g} ms</div><div class="num small">{floor}</div>'
                 )
@@ -540,6 +540,15 @@ def _nvml_change(before: dict[str, Any] | None, after: dict[str, Any] | None) ->
     )
 
 
+def throttle_pill(r: SweepRow) -> str:
+    """The row's throttle pill ("" when not throttled), with how many of its samples NVML's
+    readings around them show capped where they were read per sample: ``throttled 12/65``."""
+    if not r.throttled:
+        return ""
+    counted = "" if r.throttled_samples is None else f" {len(r.throttled_samples)}/{len(r.samples_ms)}"
+    return _pill(f"throttled{counted}", "warn") + " "
+
+
 def rows_table(results: Results) -> str:
     """Every sweep row: what the implementation ran (its config, where it says), statistics,
     throughput, floor, cold-L2 method, NVML clocks and temperature before -> after, note, repro
@@ -574,10 +583,7 @@ def rows_table(results: Results) -> str:
             "% floor": [_num(v, ".3g", " %") for v in df["pct_of_floor"]],
             "cold L2": [_text(v or "-", "small nowrap") for v in df["cold_l2"]],
             "SM MHz, °C": [_text(_nvml_change(r.nvml_before, r.nvml_after), "small nowrap") for r in rows],
-            "note": [
-                (_pill("throttled", "warn") + " " if t else "") + _text(n, "small")
-                for t, n in zip(df["throttled"], df["note"], strict=True)
-            ],
+            "note": [throttle_pill(r) + _text(r.note, "small") for r in rows],
             "repro": [f'<code class="nowrap">{html.escape(r)}</code>' for r in df["repro"]],
         }
     )

@@ -89,6 +89,10 @@ class SweepRow:
     nvml_after: dict[str, Any] | None = None
     throttled: bool = False
     throttle_reasons: list[str] = field(default_factory=list)
+    # Indices into samples_ms of the samples NVML's readings around them show capped
+    # (harness.nvml.flag_samples); None where they were not read per sample (no NVML, a TP row,
+    # the CPU, a run from before they were)
+    throttled_samples: list[int] | None = None
     note: str = ""  # e.g. "fewer samples: slow implementation"; the error when status is "error"
     repro: str = ""  # a command that re-times this case alone
     # "ok" | "error": an error row (the call raised, or its output had NaN/Inf) has no samples and
@@ -222,6 +226,7 @@ SWEEP_ROW_TYPES: dict[str, FieldType] = {
     "nvml_after": _or_null(OBJECT),
     "throttled": BOOLEAN,
     "throttle_reasons": _list(STRING, "a list of strings"),
+    "throttled_samples": _or_null(_list(INTEGER, "a list of sample indices")),
     "note": STRING,
     "repro": STRING,
     "status": _one_of("ok", "error"),

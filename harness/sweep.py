@@ -529,6 +529,10 @@ def timed_row(
     repro and any optional SweepRow fields (GPU identity, TP rank)."""
     before, after = nvml_state
     throttled, reasons = throttle_flags(before, after)
+    flagged = ids.get("throttled_samples")
+    if flagged:
+        throttled = True
+        reasons = [*reasons, f"capped_during_{len(flagged)}_of_{len(t.samples_ms)}_samples"]
     tp = throughput(nbytes, flops, t.median_ms, ceilings)
     return SweepRow(
         samples_ms=[round_sig(s) for s in t.samples_ms],
@@ -573,6 +577,15 @@ def throttle_flags(before: dict | None, after: dict | None) -> tuple[bool, list[
     return bool(reasons), reasons
 
 
+def sample_flags(t: Timing, poller: nvml.Poller | None) -> list[int] | None:
+    """The samples of ``t`` that ``poller``'s readings show capped (``nvml.flag_samples``), or
+    None where there is nothing to tell it by: no poller, no spans (the CPU), or a poller whose
+    queries failed or read nothing."""
+    if poller is None or t.spans is None or poller.failed or not poller.readings:
+        return None
+    return nvml.flag_samples(t.spans, poller.readings)
+
+
 def _time_impl(
     opts: SweepOptions,
     case: CaseParams,
@@ -581,6 +594,7 @@ def _time_impl(
     batches: list,
     ceilings: Ceilings | None,
     progress: Any,
+    poller: nvml.Poller | None = None,
 ) -> list[SweepRow]:
     nbytes, flops = batches[0].min_bytes(), batches[0].flops()
     try:
@@ -595,9 +609,16 @@ def _time_impl(
     for mode in run.modes:
         progress.set_postfix_str(f"{case.case_id} {impl.name} {mode}", refresh=True)
         before, _ = nvml.snapshot(opts.device)
+        if poller is not None:
+            poller.clear()
         try:
             t = measure(
-                run_fns[0], mode=mode, rotate=run_fns[1:] or None, device=opts.device, **asdict(run.timing)
+                run_fns[0],
+                mode=mode,
+                rotate=run_fns[1:] or None,
+                device=opts.device,
+                monitor=poller,
+                **asdict(run.timing),
             )
         except Exception as e:
             rows.append(error_row(opts, case, impl.name, mode, nbytes, flops, f"{type(e).__name__}: {e}"))
@@ -617,6 +638,7 @@ def _time_impl(
                 mode=mode,
                 repro=repro_command(opts, case.case_id, impl.name, mode),
                 impl_config=impl_config_of(run_fns[0]),
+                throttled_samples=sample_flags(t, poller),
             )
         )
         progress.update(1)
@@ -742,6 +764,7 @@ def run_sweep(opts: SweepOptions, command: str) -> Results:
     snap, reason = nvml.snapshot(device)
     if snap is None:
         notes.append(f"no NVML state recorded: {reason}")
+    poller = nvml.Poller.of(device)[0] if snap is not None else None
     ceilings = None
     if device.type == "cuda":
         ceilings = measure_ceilings(device)
@@ -772,7 +795,7 @@ def run_sweep(opts: SweepOptions, command: str) -> Results:
                     ]
                     progress.update(len(run.modes))
                     continue
-                rows += _time_impl(opts, case.params, impl, run, batches, ceilings, progress)
+                rows += _time_impl(opts, case.params, impl, run, batches, ceilings, progress, poller)
             del batches
             if device.type == "cuda":
                 torch.cuda.empty_cache()

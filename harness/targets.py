@@ -132,7 +132,9 @@ def _case_text(case: dict[str, Any]) -> str:
     return f"P={case['prefix_len']} H={case['num_heads']} T={case['tree_size']}"
 
 
-CAPPED_NOTE = '"capped": NVML reported a throttle (e.g. the power cap) before or after the row.'
+CAPPED_NOTE = (
+    '"capped": NVML reported a throttle (e.g. the power cap) before, during or after the row\'s samples.'
+)
 HEADER = ("P", "H", "T", "config", "median us", "% of floor", "% at {peak} TFLOP/s", "TFLOP/s", "graph us")
 
 

@@ -32,6 +32,14 @@ Method (DESIGN.md section 5)
   ``min_samples``, never fewer than three, and the timing's ``note`` says so.
 * Statistics. Median, quartiles (linear interpolation, as ``numpy.percentile``), IQR, min and
   max of the raw samples, which are all kept.
+* Throttling per sample (given a ``monitor``, :class:`harness.nvml.Poller`). Once a batch of
+  samples is enqueued the host, instead of blocking until the GPU is done, reads NVML every
+  half millisecond until the batch's last event has run; one reading is taken before the
+  batch and one after it. Each sample's span is placed on the host's monotonic clock from an
+  event recorded on the idle GPU as the batch starts (``Timing.spans``), so
+  :func:`harness.nvml.flag_samples` can name the samples whose nearest readings show a cap.
+  Nothing is added between a sample's two events, and the host reads NVML only while the GPU
+  already holds every sample of the batch.
 """
 
 from __future__ import annotations
@@ -48,9 +56,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import torch
+
+from harness.nvml import POLL_INTERVAL_S
 
 MODES = ("cold", "graph")
 PILOT_SAMPLES = 3
@@ -102,6 +112,9 @@ class Timing:
     stats: Stats
     cold_l2: str  # how L2 was made cold: "flush 126 MB", "rotate 7 input sets", "none (cpu)"
     note: str  # "" or why there are fewer samples than asked for
+    # Each sample's (start, end) on the host's time.monotonic() clock, seconds; None unless
+    # measure() was given a monitor on a CUDA device
+    spans: list[tuple[float, float]] | None = None
 
     @property
     def median_ms(self) -> float:
@@ -227,15 +240,27 @@ class L2Flush:
         torch.sum(self.buf, dim=0, out=self.sink)
 
 
-class Sampler:
-    """Takes samples of a list of calls (one per input set), cycling through them."""
+class Monitor(Protocol):
+    """What the sampler reads while samples run (:class:`harness.nvml.Poller`)."""
 
-    def __init__(self, calls: list[Call], device: torch.device, flush_bytes: int) -> None:
+    def read(self) -> None: ...
+
+
+class Sampler:
+    """Takes samples of a list of calls (one per input set), cycling through them. With a
+    ``monitor`` on a CUDA device it also reads the monitor while each batch runs and keeps each
+    sample's host-time span in ``spans`` (the module docstring, "Throttling per sample")."""
+
+    def __init__(
+        self, calls: list[Call], device: torch.device, flush_bytes: int, monitor: Monitor | None = None
+    ) -> None:
         self.calls = calls
         self.device = device
         self.next = 0
         self.spin_cycles = 0
         self.flush = L2Flush(device, flush_bytes) if flush_bytes > 0 else None
+        self.monitor = monitor if device.type == "cuda" else None
+        self.spans: list[tuple[float, float]] = []
 
     def _flush(self) -> None:
         if self.flush is not None:
@@ -263,6 +288,14 @@ class Sampler:
                 call()
                 out.append((time.perf_counter() - t0) * 1000.0)
             return out
+        monitor = self.monitor
+        if monitor is not None:
+            # The GPU is idle here (every batch ends in a synchronisation, and so does the
+            # warm-up): the anchor runs as soon as it is recorded, a few microseconds after t0.
+            monitor.read()
+            anchor = torch.cuda.Event(enable_timing=True)
+            t0 = time.monotonic()
+            anchor.record()
         events = []
         for _ in range(count):
             if self.spin_cycles:
@@ -274,7 +307,17 @@ class Sampler:
             call()
             end.record()
             events.append((start, end))
+        if monitor is not None:
+            last = events[-1][1] if events else anchor
+            while not last.query():
+                monitor.read()
+                time.sleep(POLL_INTERVAL_S)
         torch.cuda.synchronize(self.device)
+        if monitor is not None:
+            monitor.read()
+            self.spans += [
+                (t0 + anchor.elapsed_time(s) / 1e3, t0 + anchor.elapsed_time(e) / 1e3) for s, e in events
+            ]
         return [s.elapsed_time(e) for s, e in events]
 
 
@@ -353,12 +396,14 @@ def measure(
     l2_bytes: int | None = None,
     rotate: Sequence[Call] | None = None,
     device: torch.device | str = "cuda",
+    monitor: Monitor | None = None,
 ) -> Timing:
     """Time ``run_fn`` as the module docstring describes and return the raw samples and stats.
 
     ``rotate``: further calls of the same operation on other input sets; when given, samples
     cycle through ``[run_fn, *rotate]`` and L2 is not flushed. ``l2_bytes`` overrides the
-    device's L2 size for the flush.
+    device's L2 size for the flush. ``monitor`` (CUDA only): read while the samples run, and
+    each sample's host-time span kept in ``Timing.spans``.
     """
     device = torch.device(device)
     if mode not in MODES:
@@ -376,7 +421,17 @@ def measure(
     # (a "cuda:1" call from a process whose current device is 0 would otherwise time device 0).
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         return _measure(
-            run_fn, mode, warmup, min_samples, max_samples, max_time_s, rel_ci, l2_bytes, rotate, device
+            run_fn,
+            mode,
+            warmup,
+            min_samples,
+            max_samples,
+            max_time_s,
+            rel_ci,
+            l2_bytes,
+            rotate,
+            device,
+            monitor,
         )
 
 
@@ -391,6 +446,7 @@ def _measure(
     l2_bytes: int | None,
     rotate: Sequence[Call] | None,
     device: torch.device,
+    monitor: Monitor | None = None,
 ) -> Timing:
     calls = [run_fn, *(rotate or [])]
     if rotate:
@@ -401,7 +457,7 @@ def _measure(
         cold_l2 = f"flush {flush_bytes / 1e6:.0f} MB" + ("" if device.type == "cuda" else " (host cache)")
     if mode == "graph":
         calls = [capture_graph(c, device, warmup) for c in calls]
-    sampler = Sampler(calls, device, flush_bytes)
+    sampler = Sampler(calls, device, flush_bytes, monitor)
 
     # every input set is touched at least once before timing (first-use allocations)
     host_ms = [sampler.untimed() for _ in range(max(warmup, len(calls), 1))]
@@ -421,7 +477,14 @@ def _measure(
             break
         want = min_samples - len(samples) if len(samples) < min_samples else CHUNK_SAMPLES
         samples += sampler.samples(min(want, budget - len(samples)))
-    return Timing(mode=mode, samples_ms=samples, stats=summarize(samples), cold_l2=cold_l2, note=note)
+    return Timing(
+        mode=mode,
+        samples_ms=samples,
+        stats=summarize(samples),
+        cold_l2=cold_l2,
+        note=note,
+        spans=sampler.spans if sampler.monitor is not None else None,
+    )
 
 
 class GpuLockError(RuntimeError):

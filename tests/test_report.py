@@ -137,6 +137,20 @@ def test_sweep_rows_show_sm_clock_and_temperature_before_and_after(sweep_html: s
     assert "1980→1755, 52→71" in throttled and "throttled" in throttled
 
 
+def test_a_throttled_row_read_per_sample_shows_how_many_samples_were_capped() -> None:
+    results = load_results(SWEEP)
+    hot = next(i for i, r in enumerate(results.sweep) if r.throttled)
+    n = len(results.sweep[hot].samples_ms)
+    rows = list(results.sweep)
+    rows[hot] = replace(rows[hot], throttled_samples=[0, 2, 3])
+    details = _rows_details(render_html(replace(results, sweep=rows), str(SWEEP)))
+    row = details[details.index(f">{rows[hot].case_id}<") :].split("</tr>")[0]
+    assert f"throttled 3/{n}" in row
+    # a results file written before samples were read one by one shows the row's flag alone
+    assert all(r.throttled_samples is None for r in results.sweep)
+    assert ">throttled<" in _rows_details(render_html(results, str(SWEEP)))
+
+
 def test_table_cells_of_one_plain_element_are_written_as_cells_of_its_class(sweep_html: str) -> None:
     # the numbers are right-aligned cells (the td rule outranks a bare `.num` rule), not a div in
     # a cell; a cell of two elements, a pill or a note keeps its elements

@@ -142,6 +142,12 @@ WRONG_TYPES = [
         f"{SWEEP_ROW0}: throttled must be true or false, got 'no'",
     ),
     (
+        "throttled-samples-strings",
+        SWEEP,
+        _set("sweep", 0, "throttled_samples", value=["1"]),
+        f"{SWEEP_ROW0}: throttled_samples[0] must be an integer, got '1'",
+    ),
+    (
         "bytes-float",
         SWEEP,
         _set("sweep", 0, "bytes", value=1.5),

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import registry, report, sweep, timing, tree
+from harness import nvml, registry, report, sweep, timing, tree
 from harness.batch import QK_DIM, VerifyBatch
 from harness.cases import MAX_TREE_SIZE, CaseParams, build_batch
 from harness.cli import main as cli_main
@@ -385,6 +385,44 @@ def test_a_cap_during_the_samples_that_is_over_by_the_second_snapshot_is_flagged
     assert throttle_flags(before, before) == (False, [])
     unknown = {"throttle_reasons": ["none"], "violation_ns": {"power": None, "thermal": None}}
     assert throttle_flags(unknown, unknown) == (False, [])
+
+
+def _timing_of(samples: list[float], spans: list[tuple[float, float]] | None) -> timing.Timing:
+    return timing.Timing("cold", samples, timing.summarize(samples), "flush", "", spans)
+
+
+def test_a_row_with_capped_samples_is_throttled_and_says_how_many() -> None:
+    """The row's snapshots saw nothing; NVML's readings while the samples ran saw a cap during
+    two of four. The row is throttled, names the count, and keeps which samples they were."""
+    t = _timing_of([1.0, 1.1, 1.0, 1.2], None)
+    idle = dict.fromkeys(sweep.ROW_NVML_FIELDS, 0) | {"throttle_reasons": ["gpu_idle"]}
+    ids = dict(case_id="c", impl="i", params={}, mode="cold", repro="")
+    row = sweep.timed_row(t, 1, 1, None, (idle, idle), throttled_samples=[1, 3], **ids)
+    assert row.throttled and row.throttle_reasons == ["capped_during_2_of_4_samples"]
+    assert row.throttled_samples == [1, 3]
+    clean = sweep.timed_row(t, 1, 1, None, (idle, idle), throttled_samples=[], **ids)
+    assert not clean.throttled and clean.throttle_reasons == [] and clean.throttled_samples == []
+    unread = sweep.timed_row(t, 1, 1, None, (idle, idle), **ids)
+    assert not unread.throttled and unread.throttled_samples is None
+
+
+def test_samples_are_flagged_only_where_a_poller_read_them() -> None:
+    spans = [(0.1, 0.2), (1.1, 1.2)]
+    t = _timing_of([1.0, 1.0], spans)
+
+    class Poller:
+        failed = ""
+        readings = [nvml.Reading(0.0, 0, 0, 0), nvml.Reading(1.0, 0x4, 0, 0), nvml.Reading(2.0, 0, 0, 0)]
+
+    assert sweep.sample_flags(t, Poller()) == [0, 1]
+    assert sweep.sample_flags(_timing_of([1.0, 1.0], None), Poller()) is None  # the CPU: no spans
+    assert sweep.sample_flags(t, None) is None
+    broken = Poller()
+    broken.failed = "NVML query failed: GPU is lost"
+    assert sweep.sample_flags(t, broken) is None
+    empty = Poller()
+    empty.readings = []
+    assert sweep.sample_flags(t, empty) is None
 
 
 def test_run_dir_name_has_utc_time_grid_gpu_slug_and_short_sha() -> None:

@@ -441,6 +441,179 @@ def test_nvml_snapshot_off_cuda_returns_none_with_a_reason() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Throttling per sample
+
+
+def _reading(t: float, reasons: int = 0, power: int | None = 0, thermal: int | None = 0) -> nvml.Reading:
+    return nvml.Reading(t, reasons, power, thermal)
+
+
+def test_a_sample_is_flagged_by_a_capped_reading_between_its_nearest_readings() -> None:
+    """Readings every 1 s; a power cap (bit 0x4) read at t=3. Samples flagged are those whose
+    window, from the last reading before the start to the first after the end, holds t=3."""
+    readings = [_reading(float(t), 0x4 if t == 3 else 0) for t in range(7)]
+    spans = [(0.2, 0.4), (1.2, 1.4), (2.2, 2.4), (3.2, 3.4), (4.2, 4.4), (2.5, 3.5)]
+    assert nvml.flag_samples(spans, readings, margin_s=0.0) == [2, 3, 5]
+
+
+def test_idle_and_application_clock_readings_do_not_flag_a_sample() -> None:
+    readings = [_reading(0.0, 0x1), _reading(1.0, 0x2), _reading(2.0, 0x3)]
+    assert nvml.flag_samples([(0.5, 0.6), (1.5, 1.6)], readings, margin_s=0.0) == []
+
+
+def test_a_cap_between_two_readings_is_seen_in_the_violation_time() -> None:
+    """Neither reading's current reasons show the cap that came and went between them; the
+    cumulative violation time (power, then thermal) grew across the sample, and only there."""
+    power = [
+        _reading(0.0, power=10),
+        _reading(1.0, power=10),
+        _reading(2.0, power=15),
+        _reading(3.0, power=15),
+    ]
+    assert nvml.flag_samples([(0.2, 0.8), (1.2, 1.8), (2.2, 2.8)], power, margin_s=0.0) == [1]
+    thermal = [_reading(0.0, thermal=0), _reading(1.0, thermal=7), _reading(2.0, thermal=7)]
+    assert nvml.flag_samples([(0.2, 0.8), (1.2, 1.8)], thermal, margin_s=0.0) == [0]
+    unknown = [_reading(0.0, power=None, thermal=None), _reading(1.0, power=5, thermal=None)]
+    assert nvml.flag_samples([(0.2, 0.8)], unknown, margin_s=0.0) == []
+
+
+def test_the_margin_widens_a_span_to_the_reading_just_beyond_it() -> None:
+    """A cap read at t=0, a clean reading at t=1: a sample from t=1.01 takes t=1 as its nearest
+    reading before, unless the margin reaches back past it."""
+    readings = [_reading(0.0, 0x4), _reading(1.0), _reading(2.0)]
+    assert nvml.flag_samples([(1.01, 1.5)], readings, margin_s=0.0) == []
+    assert nvml.flag_samples([(1.01, 1.5)], readings, margin_s=0.02) == [0]
+    after = [_reading(0.0), _reading(1.99), _reading(2.01, 0x4)]  # and forward past the end
+    assert nvml.flag_samples([(0.5, 1.97)], after, margin_s=0.0) == []
+    assert nvml.flag_samples([(0.5, 1.97)], after, margin_s=0.03) == [0]
+
+
+def test_samples_beyond_the_first_or_last_reading_take_that_reading() -> None:
+    readings = [_reading(1.0, 0x4), _reading(2.0), _reading(3.0, 0x4)]
+    assert nvml.flag_samples([(0.0, 0.5), (3.5, 4.0), (1.5, 1.8)], readings, margin_s=0.0) == [0, 1, 2]
+    assert nvml.flag_samples([(1.5, 1.8)], readings[1:2], margin_s=0.0) == []
+
+
+def test_flag_samples_refuses_no_readings_and_readings_out_of_order() -> None:
+    with pytest.raises(ValueError, match="readings is empty"):
+        nvml.flag_samples([(0.0, 1.0)], [])
+    with pytest.raises(ValueError, match="in the order they were taken"):
+        nvml.flag_samples([(0.0, 1.0)], [_reading(1.0), _reading(0.5)])
+
+
+def test_the_poller_reads_reasons_and_violation_times_with_the_host_clock() -> None:
+    fake = _FakeNvml()
+    poller = nvml.Poller(fake, handle=None)
+    before = time.monotonic()
+    poller.read()
+    poller.read()
+    assert len(poller.readings) == 2 and poller.failed == ""
+    r = poller.readings[0]
+    assert before <= r.t <= poller.readings[1].t <= time.monotonic()
+    assert (r.reasons, r.power_ns, r.thermal_ns, r.capped) == (0x4, 4_500_000, None, True)
+    poller.clear()
+    assert poller.readings == []
+
+
+def test_a_poller_whose_query_fails_stops_reading_and_says_why() -> None:
+    class Broken(_FakeNvml):
+        def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+            raise self.NVMLError("GPU is lost")
+
+    poller = nvml.Poller(Broken(), handle=None)
+    poller.read()
+    assert poller.readings == [] and "GPU is lost" in poller.failed
+    poller.clear()
+    assert poller.failed == ""
+
+
+def test_a_poller_off_cuda_is_none_with_a_reason() -> None:
+    poller, reason = nvml.Poller.of("cpu")
+    assert poller is None and "cpu" in reason
+
+
+class _FakeGpu:
+    """A CUDA stream on the host's clock: work runs in order, each call ``call_ms`` long, and an
+    event completes when the work queued before it has."""
+
+    def __init__(self, call_ms: float) -> None:
+        self.free_at = 0.0  # time.monotonic() when the queued work is done
+        self.call_ms = call_ms
+        gpu = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                self.at: float | None = None
+
+            def record(self) -> None:
+                self.at = gpu.free_at = max(gpu.free_at, time.monotonic())
+
+            def query(self) -> bool:
+                return time.monotonic() >= self.at
+
+            def elapsed_time(self, end: Event) -> float:
+                return (end.at - self.at) * 1e3
+
+        self.Event = Event
+
+    def call(self) -> None:
+        self.free_at = max(self.free_at, time.monotonic()) + self.call_ms / 1e3
+
+    def synchronize(self, device: object = None) -> None:
+        time.sleep(max(self.free_at - time.monotonic(), 0.0))
+
+
+def test_the_sampler_reads_the_monitor_while_samples_run_and_places_each_on_the_host_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a fake GPU whose calls take 3 ms: the monitor is read before the batch, repeatedly while
+    it runs and after it; each sample's span is where the GPU ran it on the host's clock, so a
+    cap read while sample 2 ran flags that sample and not the first or the last."""
+    gpu = _FakeGpu(call_ms=3.0)
+    monkeypatch.setattr(torch.cuda, "Event", gpu.Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", gpu.synchronize)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
+    ran: list[tuple[float, float]] = []  # each call's span on the fake GPU
+
+    def call() -> None:
+        start = max(gpu.free_at, time.monotonic())
+        gpu.call()
+        ran.append((start, gpu.free_at))
+
+    class Monitor:
+        def __init__(self) -> None:
+            self.readings: list[nvml.Reading] = []
+
+        def read(self) -> None:
+            now = time.monotonic()
+            capped = len(ran) > 2 and ran[2][0] < now < ran[2][1]
+            self.readings.append(_reading(now, 0x4 if capped else 0))
+
+    monitor = Monitor()
+    sampler = timing.Sampler([call], torch.device("cuda"), 0, monitor)
+    samples = sampler.samples(5)
+    assert samples == pytest.approx([3.0] * 5, abs=0.3)
+    # read once before, every ~0.5 ms of the ~15 ms the batch runs, and once after it
+    assert len(monitor.readings) >= 10
+    assert [r.t for r in monitor.readings] == sorted(r.t for r in monitor.readings)
+    assert len(sampler.spans) == 5
+    for (start, end), (gpu_start, gpu_end) in zip(sampler.spans, ran, strict=True):
+        assert start == pytest.approx(gpu_start, abs=2e-4) and end == pytest.approx(gpu_end, abs=2e-4)
+    assert any(r.capped for r in monitor.readings)
+    flagged = nvml.flag_samples(sampler.spans, monitor.readings)
+    assert 2 in flagged and 0 not in flagged and 4 not in flagged
+
+
+def test_measure_gives_spans_only_with_a_monitor_on_a_cuda_device() -> None:
+    class Monitor:
+        def read(self) -> None:
+            raise AssertionError("a CPU run reads no monitor")
+
+    t = measure(lambda: None, device="cpu", warmup=1, min_samples=3, max_samples=3, monitor=Monitor())
+    assert t.spans is None and len(t.samples_ms) == 3
+
+
+# ---------------------------------------------------------------------------------------------
 # Roofline
 
 
@@ -519,6 +692,28 @@ def test_nvml_snapshot_reads_clocks_and_throttle_reasons() -> None:
         pytest.skip(f"NVML unavailable: {reason}")
     assert snap["sm_clock_mhz"] > 0 and snap["uuid"].startswith("GPU-")
     assert isinstance(snap["throttle_reasons"], list) and isinstance(snap["throttled"], bool)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_a_monitored_measure_places_every_sample_within_its_own_run_in_time_order() -> None:
+    poller, reason = nvml.Poller.of("cuda")
+    if poller is None:
+        pytest.skip(f"NVML unavailable: {reason}")
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(a)
+    began = time.monotonic()
+    t = measure(lambda: torch.mm(a, a, out=out), min_samples=30, max_samples=30, monitor=poller)
+    ended = time.monotonic()
+    assert t.spans is not None and len(t.spans) == len(t.samples_ms) == 30
+    assert all(began < start < end < ended for start, end in t.spans)
+    assert all(prev[1] <= nxt[0] for prev, nxt in zip(t.spans, t.spans[1:], strict=False))
+    # each span is the sample's own length: both come from the same events
+    for (start, end), ms in zip(t.spans, t.samples_ms, strict=True):
+        assert (end - start) * 1e3 == pytest.approx(ms, rel=1e-3, abs=1e-3)
+    # the batches' readings: one before and one after each, more while it ran
+    assert poller.failed == "" and len(poller.readings) >= 4
+    assert all(0 <= i < 30 for i in nvml.flag_samples(t.spans, poller.readings))
 
 
 @pytest.mark.gpu
