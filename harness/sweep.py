@@ -530,9 +530,12 @@ def timed_row(
     before, after = nvml_state
     throttled, reasons = throttle_flags(before, after)
     flagged = ids.get("throttled_samples")
-    if flagged:
-        throttled = True
-        reasons = [*reasons, f"capped_during_{len(flagged)}_of_{len(t.samples_ms)}_samples"]
+    if flagged is not None:
+        # Read per sample, the row is throttled by its samples alone: the snapshots also span the
+        # warm-up (and a graph's capture), and their current reasons can be the row before's cap.
+        throttled = bool(flagged)
+        named = [r for r in reasons if not r.endswith("_during_samples")]
+        reasons = [f"capped_during_{len(flagged)}_of_{len(t.samples_ms)}_samples", *named] if flagged else []
     tp = throughput(nbytes, flops, t.median_ms, ceilings)
     return SweepRow(
         samples_ms=[round_sig(s) for s in t.samples_ms],

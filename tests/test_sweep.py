@@ -406,6 +406,24 @@ def test_a_row_with_capped_samples_is_throttled_and_says_how_many() -> None:
     assert not unread.throttled and unread.throttled_samples is None
 
 
+def test_read_per_sample_a_row_is_throttled_by_its_samples_not_by_its_snapshots() -> None:
+    """The snapshots bracket the warm-up too, and the first can hold the row before's cap: a
+    row whose samples all read clean is not throttled; one whose samples did keeps the
+    snapshots' reason names beside the count, not their violation time, which spans the warm-up."""
+    t = _timing_of([1.0, 1.1, 1.0, 1.2], None)
+    base = dict.fromkeys(sweep.ROW_NVML_FIELDS, 0)
+    before = base | {"throttle_reasons": ["sw_power_cap"], "violation_ns": {"power": 0, "thermal": 0}}
+    after = base | {"throttle_reasons": ["gpu_idle"], "violation_ns": {"power": 9_000_000, "thermal": 0}}
+    ids = dict(case_id="c", impl="i", params={}, mode="cold", repro="")
+    clean = sweep.timed_row(t, 1, 1, None, (before, after), throttled_samples=[], **ids)
+    assert not clean.throttled and clean.throttle_reasons == []
+    hot = sweep.timed_row(t, 1, 1, None, (before, after), throttled_samples=[0], **ids)
+    assert hot.throttled and hot.throttle_reasons == ["capped_during_1_of_4_samples", "sw_power_cap"]
+    unread = sweep.timed_row(t, 1, 1, None, (before, after), **ids)
+    assert unread.throttled
+    assert unread.throttle_reasons == ["sw_power_cap", "power_capped_9ms_during_samples"]
+
+
 def test_samples_are_flagged_only_where_a_poller_read_them() -> None:
     spans = [(0.1, 0.2), (1.1, 1.2)]
     t = _timing_of([1.0, 1.0], spans)
