@@ -172,9 +172,10 @@ def snapshot(device: torch.device | str = "cuda") -> tuple[dict[str, Any] | None
 # ---------------------------------------------------------------------------------------------
 # Per sample
 
-# How long the host sleeps between two readings while a batch of samples runs. NVML's readings
-# take tens of microseconds each; the driver refreshes them at its own rate, which bounds what
-# any poll rate can resolve (README, "Choices made where the design was silent").
+# How long the host sleeps between two readings while a batch of samples runs. A reading (three
+# NVML queries) took 1.6 ms on an H100, whose power violation time moved at every reading: the
+# reading's own cost bounds what a flag resolves (README, "Choices made where the design was
+# silent").
 POLL_INTERVAL_S = 0.0005
 # Each sample's host-time span is widened by this much on both sides before its nearest readings
 # are taken: the span is placed from an event the GPU runs a few microseconds after the host
@@ -202,8 +203,8 @@ class Reading:
 
 class Poller:
     """Reads one GPU's clock-event reasons and violation counters on each :meth:`read`, with the
-    host's monotonic time, into ``readings`` (:meth:`clear` empties it). Cheap enough to call
-    every half millisecond while samples run: three NVML queries and no snapshot's other fields.
+    host's monotonic time, into ``readings`` (:meth:`clear` empties it): three NVML queries, none
+    of a snapshot's other fields, read while samples run.
     A query that fails ends the readings (``failed`` says why); the samples are then not flagged."""
 
     def __init__(self, pynvml: Any, handle: Any) -> None:
