@@ -333,6 +333,21 @@ def _decide(bs: SampleStats, hs: SampleStats, change: float, p: float, min_chang
 # Verdicts over two runs
 
 
+def capped_samples_text(base: SweepRow | None, head: SweepRow | None) -> str:
+    """How many of each side's samples NVML's readings showed capped, where either side's were
+    read one by one (``throttled_samples``): ``capped samples: BASE -, HEAD 12/40`` ("-": not
+    read so, or no row); "" where neither side's were."""
+
+    def side(r: SweepRow | None) -> str:
+        if r is None or r.throttled_samples is None:
+            return "-"
+        return f"{len(r.throttled_samples)}/{len(r.samples_ms)}"
+
+    if all(r is None or r.throttled_samples is None for r in (base, head)):
+        return ""
+    return f"capped samples: BASE {side(base)}, HEAD {side(head)}"
+
+
 @dataclass(frozen=True)
 class TimingVerdict:
     case_id: str
@@ -340,6 +355,9 @@ class TimingVerdict:
     mode: str
     decision: TimingDecision
     throttled: bool = False  # either side's row was flagged as throttled
+    # "capped samples: BASE -, HEAD 12/40" where either side's samples were read one by one
+    # (capped_samples_text); "" where neither's were
+    capped: str = ""
 
     @property
     def verdict(self) -> str:
@@ -740,7 +758,8 @@ def compare_results(
             else:
                 decision = timing_decision(b.samples_ms, h.samples_ms, min_change=min_change)
             throttled = any(r is not None and r.throttled for r in (b, h))
-            timing.append(TimingVerdict(*k, decision=decision, throttled=throttled))
+            capped = capped_samples_text(b, h)
+            timing.append(TimingVerdict(*k, decision=decision, throttled=throttled, capped=capped))
         scaling = tuple(
             fit_changes(
                 (r for r in base.results.sweep if keep(r.impl)),
@@ -1028,7 +1047,7 @@ def format_terminal(c: Comparison) -> str:
                 _ms(v.decision.head),
                 _pct(v.decision.change),
                 "-" if v.decision.p_value is None else f"{v.decision.p_value:.2g}",
-                v.decision.reason,
+                v.decision.reason + (f"; {v.capped}" if v.capped else ""),
             ]
             for v in _sorted(c.timing)
         ]

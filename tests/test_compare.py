@@ -1209,6 +1209,25 @@ def test_a_decided_row_that_was_throttled_is_marked_and_noted(side: str) -> None
     assert ("SLOWER (throttled)" in compare.format_terminal(c)) == (side != "neither")
 
 
+def test_a_verdict_says_how_many_samples_each_side_read_capped_where_they_were_read_so() -> None:
+    slow = [1.2, 1.21, 1.22, 1.23, 1.24] * 4
+    fast = [1.0, 1.01, 1.02, 1.03, 1.04] * 4
+    base = make_results({"B1-P1024-T16-H8": fast})
+    head = make_results({"B1-P1024-T16-H8": slow})
+    c = compare.compare_results(compare.Side("a", base), compare.Side("b", head))
+    assert c.timing[0].capped == ""  # runs from before samples were read one by one
+    head.sweep[0] = replace(head.sweep[0], throttled=True, throttled_samples=[0, 3, 7])
+    c = compare.compare_results(compare.Side("a", base), compare.Side("b", head))
+    (v,) = c.timing
+    assert v.capped == "capped samples: BASE -, HEAD 3/20"
+    assert "SLOWER (throttled)" in compare.format_terminal(c)
+    assert "; capped samples: BASE -, HEAD 3/20" in compare.format_terminal(c)
+    base.sweep[0] = replace(base.sweep[0], throttled_samples=[])
+    c = compare.compare_results(compare.Side("a", base), compare.Side("b", head))
+    assert c.timing[0].capped == "capped samples: BASE 0/20, HEAD 3/20"
+    assert "capped samples: BASE 0/20, HEAD 3/20" in compare.render_html(c)
+
+
 # --- the gate's blind spots (history groups, gated implementations, builds, revisions, git) ------
 
 
