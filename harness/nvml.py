@@ -186,11 +186,13 @@ _BENIGN_MASK = sum(bit for bit, name in THROTTLE_REASON_BITS.items() if name in 
 
 @dataclass(frozen=True)
 class Reading:
-    """One NVML reading of a GPU: the host's ``time.monotonic()`` when it was taken, the
+    """One NVML reading of a GPU: the host's ``time.monotonic()`` before its first query and
+    after its last (a reading's values were observed somewhere between the two), the
     clock-event reason bits, and the cumulative power and thermal violation times (ns; None
     where the board does not say)."""
 
     t: float
+    t_end: float
     reasons: int
     power_ns: int | None
     thermal_ns: int | None
@@ -234,6 +236,7 @@ class Poller:
         if self.failed:
             return
         p, h = self._pynvml, self._handle
+        t = time.monotonic()
         try:
             reasons = int(self._get_reasons(h))
         except Exception as e:
@@ -241,7 +244,7 @@ class Poller:
             return
         power = _violation_ns(p, h, "NVML_PERF_POLICY_POWER")
         thermal = _violation_ns(p, h, "NVML_PERF_POLICY_THERMAL")
-        self.readings.append(Reading(time.monotonic(), reasons, power, thermal))
+        self.readings.append(Reading(t, time.monotonic(), reasons, power, thermal))
 
 
 def _grew(first: int | None, last: int | None) -> bool:
@@ -252,25 +255,27 @@ def flag_samples(
     spans: Sequence[tuple[float, float]], readings: Sequence[Reading], margin_s: float = SPAN_MARGIN_S
 ) -> list[int]:
     """Indices of the samples that may have run capped: those whose readings, from the last one
-    taken before the sample's start to the first one taken after its end (its host-time span
+    finished before the sample's start to the first one begun after its end (its host-time span
     widened by ``margin_s``; the first or last reading where none lies beyond it), include one
-    with a clock-lowering reason, or across which the power or thermal violation time grew.
+    with a clock-lowering reason, or across which the power or thermal violation time grew. A
+    reading in flight at either end is inside the window, not its edge: its values may have
+    been observed during the sample.
 
     ``spans`` are (start, end) in ``time.monotonic()`` seconds, one per sample; ``readings`` in
     the order taken. ValueError without readings, or with readings out of time order."""
     if not readings:
         raise ValueError("flag_samples: readings is empty; a poller that read nothing flags nothing")
-    times = [r.t for r in readings]
-    if any(b < a for a, b in itertools.pairwise(times)):
-        raise ValueError("flag_samples: readings must be in the order they were taken")
+    starts, ends = [r.t for r in readings], [r.t_end for r in readings]
+    if any(r.t_end < r.t for r in readings) or any(b.t < a.t_end for a, b in itertools.pairwise(readings)):
+        raise ValueError("flag_samples: readings must be in the order they were taken, one after another")
     # capped_before[i]: readings[0..i) include a capped one, so a window's test is one subtraction
     capped_before = [0]
     for r in readings:
         capped_before.append(capped_before[-1] + r.capped)
     flagged = []
     for i, (start, end) in enumerate(spans):
-        lo = max(bisect.bisect_right(times, start - margin_s) - 1, 0)
-        hi = min(bisect.bisect_left(times, end + margin_s), len(readings) - 1)
+        lo = max(bisect.bisect_right(ends, start - margin_s) - 1, 0)
+        hi = min(bisect.bisect_left(starts, end + margin_s), len(readings) - 1)
         first, last = readings[lo], readings[hi]
         if (
             capped_before[hi + 1] > capped_before[lo]

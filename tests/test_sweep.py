@@ -430,7 +430,7 @@ def test_samples_are_flagged_only_where_a_poller_read_them() -> None:
 
     class Poller:
         failed = ""
-        readings = [nvml.Reading(0.0, 0, 0, 0), nvml.Reading(1.0, 0x4, 0, 0), nvml.Reading(2.0, 0, 0, 0)]
+        readings = [nvml.Reading(t, t, mask, 0, 0) for t, mask in ((0.0, 0), (1.0, 0x4), (2.0, 0))]
 
     assert sweep.sample_flags(t, Poller()) == [0, 1]
     assert sweep.sample_flags(_timing_of([1.0, 1.0], None), Poller()) is None  # the CPU: no spans

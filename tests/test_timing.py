@@ -444,8 +444,10 @@ def test_nvml_snapshot_off_cuda_returns_none_with_a_reason() -> None:
 # Throttling per sample
 
 
-def _reading(t: float, reasons: int = 0, power: int | None = 0, thermal: int | None = 0) -> nvml.Reading:
-    return nvml.Reading(t, reasons, power, thermal)
+def _reading(
+    t: float, reasons: int = 0, power: int | None = 0, thermal: int | None = 0, took: float = 0.0
+) -> nvml.Reading:
+    return nvml.Reading(t, t + took, reasons, power, thermal)
 
 
 def test_a_sample_is_flagged_by_a_capped_reading_between_its_nearest_readings() -> None:
@@ -494,11 +496,25 @@ def test_samples_beyond_the_first_or_last_reading_take_that_reading() -> None:
     assert nvml.flag_samples([(1.5, 1.8)], readings[1:2], margin_s=0.0) == []
 
 
+def test_a_reading_in_flight_at_a_samples_edge_is_inside_its_window() -> None:
+    """Readings take 0.4 s here. The one begun at 1.8 was still querying when the sample ended at
+    2.0, so its growth may be the sample's: the window runs to the reading begun after 2.0, across
+    which the counter grew. Likewise a reading that ended after the start does not open it."""
+    tail = [_reading(0.0, took=0.4), _reading(1.8, power=0, took=0.4), _reading(2.6, power=5, took=0.4)]
+    assert nvml.flag_samples([(1.0, 2.0)], tail, margin_s=0.0) == [0]
+    head = [_reading(0.0, power=0, took=0.4), _reading(0.8, power=5, took=0.4), _reading(2.6, power=5)]
+    assert nvml.flag_samples([(1.0, 2.0)], head, margin_s=0.0) == [0]
+    clean = [_reading(0.0, took=0.4), _reading(0.5, took=0.4), _reading(2.1, took=0.4)]
+    assert nvml.flag_samples([(1.0, 2.0)], clean, margin_s=0.0) == []
+
+
 def test_flag_samples_refuses_no_readings_and_readings_out_of_order() -> None:
     with pytest.raises(ValueError, match="readings is empty"):
         nvml.flag_samples([(0.0, 1.0)], [])
     with pytest.raises(ValueError, match="in the order they were taken"):
         nvml.flag_samples([(0.0, 1.0)], [_reading(1.0), _reading(0.5)])
+    with pytest.raises(ValueError, match="one after another"):
+        nvml.flag_samples([(0.0, 1.0)], [_reading(1.0, took=0.5), _reading(1.2)])
 
 
 def test_the_poller_reads_reasons_and_violation_times_with_the_host_clock() -> None:
