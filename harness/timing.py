@@ -35,7 +35,8 @@ Method (DESIGN.md section 5)
 * Throttling per sample (given a ``monitor``, :class:`harness.nvml.Poller`). Once a batch of
   samples is enqueued the host, instead of blocking until the GPU is done, reads NVML again and
   again, half a millisecond apart (a reading itself took ~1.6 ms on an H100), until the
-  batch's last event has run; one reading is taken before the batch and one after it. Each sample's span is placed on the host's monotonic clock from an
+  batch's last event has run; one reading is taken before the first batch and one after each
+  (which opens the next). Each sample's span is placed on the host's monotonic clock from an
   event recorded on the idle GPU as the batch starts (``Timing.spans``), so
   :func:`harness.nvml.flag_samples` can name the samples whose nearest readings show a cap.
   Nothing is added between a sample's two events, and the host reads NVML only while the GPU
@@ -261,6 +262,8 @@ class Sampler:
         self.flush = L2Flush(device, flush_bytes) if flush_bytes > 0 else None
         self.monitor = monitor if device.type == "cuda" else None
         self.spans: list[tuple[float, float]] = []
+        # the monitor's last reading closed the previous batch: it opens the next one too
+        self._read_since_batch = False
 
     def _flush(self) -> None:
         if self.flush is not None:
@@ -292,7 +295,8 @@ class Sampler:
         if monitor is not None:
             # The GPU is idle here (every batch ends in a synchronisation, and so does the
             # warm-up): the anchor runs as soon as it is recorded, a few microseconds after t0.
-            monitor.read()
+            if not self._read_since_batch:
+                monitor.read()
             anchor = torch.cuda.Event(enable_timing=True)
             t0 = time.monotonic()
             anchor.record()
@@ -315,6 +319,7 @@ class Sampler:
         torch.cuda.synchronize(self.device)
         if monitor is not None:
             monitor.read()
+            self._read_since_batch = True
             self.spans += [
                 (t0 + anchor.elapsed_time(s) / 1e3, t0 + anchor.elapsed_time(e) / 1e3) for s, e in events
             ]

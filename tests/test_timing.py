@@ -618,6 +618,13 @@ def test_the_sampler_reads_the_monitor_while_samples_run_and_places_each_on_the_
     assert any(r.capped for r in monitor.readings)
     flagged = nvml.flag_samples(sampler.spans, monitor.readings)
     assert 2 in flagged and 0 not in flagged and 4 not in flagged
+    # a second batch: the first one's closing reading opens it, and its spans follow on
+    before = len(monitor.readings)
+    gpu.synchronize()
+    sampler.samples(2)
+    assert len(sampler.spans) == 7 and sampler.spans[4][1] <= sampler.spans[5][0]
+    reads = [r.t for r in monitor.readings[before:]]
+    assert reads and reads[0] > sampler.spans[5][0]  # none taken between the batches
 
 
 def test_measure_gives_spans_only_with_a_monitor_on_a_cuda_device() -> None:
