@@ -132,8 +132,19 @@ def _case_text(case: dict[str, Any]) -> str:
     return f"P={case['prefix_len']} H={case['num_heads']} T={case['tree_size']}"
 
 
+def capped_mark(r: SweepRow) -> str:
+    """`` (capped)`` after a throttled row's time, `` (capped 12/40)`` where its samples were read
+    one by one; "" for a row that was not throttled."""
+    if not r.throttled:
+        return ""
+    if r.throttled_samples is None:
+        return " (capped)"
+    return f" (capped {len(r.throttled_samples)}/{len(r.samples_ms)})"
+
+
 CAPPED_NOTE = (
-    '"capped": NVML reported a throttle (e.g. the power cap) before, during or after the row\'s samples.'
+    '"capped": NVML reported a throttle (e.g. the power cap) before, during or after the row\'s samples; '
+    '"capped k/n": during k of its n samples, where they were read one by one.'
 )
 HEADER = ("P", "H", "T", "config", "median us", "% of floor", "% at {peak} TFLOP/s", "TFLOP/s", "graph us")
 
@@ -170,7 +181,7 @@ def cells(t: TargetRow) -> list[tuple[str, bool]]:
     base = t.baselines.get(BASELINE)
     return out + [
         (r.impl_config or "-", False),
-        (f"{r.median_ms * 1e3:.1f}" + (" (capped)" if r.throttled else ""), False),
+        (f"{r.median_ms * 1e3:.1f}" + capped_mark(r), False),
         pct(r.pct_of_floor),
         pct(t.pct_at_peak),
         ("-" if r.tflops is None else f"{r.tflops:.0f}", False),

@@ -147,6 +147,15 @@ def test_error_rows_and_tp_rank_rows_do_not_count() -> None:
     assert got[3].reached
 
 
+def test_a_capped_row_says_how_many_of_its_samples_were_where_they_were_read_one_by_one() -> None:
+    case = ISSUE_CASES[0]
+    plain, snapshots, read = (row(case, 60.0), row(case, 60.0, throttled=True), row(case, 60.0))
+    read = replace(read, throttled=True, throttled_samples=[0, 1, 2], samples_ms=[1.0] * 8)
+    clean = replace(plain, throttled_samples=[])
+    marks = [cells(target_rows(run_of([r]))[0])[4][0] for r in (plain, snapshots, read, clean)]
+    assert [m.partition(" ")[2] for m in marks] == ["", "(capped)", "(capped 3/8)", ""]
+
+
 def test_the_speedup_line_reads_the_baselines_row_of_the_same_case() -> None:
     case = next(c for c in ISSUE_CASES if all(c[k] == v for k, v in SPEEDUP_CASE.items() if k in c))
     mine = row(case, 60.0)
