@@ -1,8 +1,9 @@
 """GPU state from NVML (nvidia-ml-py, imported as ``pynvml``): clocks, temperature, power, throttling.
 
 A sweep takes a :func:`snapshot` before and after each case; a case whose snapshot shows a
-throttle reason other than idle / application clocks / none is flagged as throttled, since its
-samples may have run below the clocks of the others.
+throttle reason other than idle / application clocks / none, or whose violation time grew
+between the two, is flagged as throttled, since its samples may have run below the clocks of
+the others. Where the samples are also read one by one (below), the row says how many were.
 
     snap, reason = snapshot(torch.device("cuda:0"))
     snap  -> {"name", "uuid", "driver", "sm_clock_mhz", "mem_clock_mhz", "max_sm_clock_mhz",
@@ -239,11 +240,18 @@ class Poller:
         t = time.monotonic()
         try:
             reasons = int(self._get_reasons(h))
-        except Exception as e:
+            power = _violation_ns(p, h, "NVML_PERF_POLICY_POWER")
+            thermal = _violation_ns(p, h, "NVML_PERF_POLICY_THERMAL")
+        except Exception as e:  # context for a run, never a reason to stop it
             self.failed = f"NVML query failed: {type(e).__name__}: {e}"
             return
-        power = _violation_ns(p, h, "NVML_PERF_POLICY_POWER")
-        thermal = _violation_ns(p, h, "NVML_PERF_POLICY_THERMAL")
+        first = self.readings[0] if self.readings else None
+        if first is not None and (
+            (first.power_ns is None) != (power is None) or (first.thermal_ns is None) != (thermal is None)
+        ):
+            # a counter that comes and goes would let a window's edge skip its growth
+            self.failed = "NVML's violation times were readable in some readings and not in others"
+            return
         self.readings.append(Reading(t, time.monotonic(), reasons, power, thermal))
 
 

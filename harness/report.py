@@ -542,10 +542,13 @@ def _nvml_change(before: dict[str, Any] | None, after: dict[str, Any] | None) ->
 
 def throttle_pill(r: SweepRow) -> str:
     """The row's throttle pill ("" when not throttled), with how many of its samples NVML's
-    readings around them show capped where they were read per sample: ``throttled 12/65``."""
+    readings around them show capped where they were read per sample: ``throttled, 12/65
+    samples`` (``0/65``: the row's snapshots alone saw a cap)."""
     if not r.throttled:
         return ""
-    counted = "" if r.throttled_samples is None else f" {len(r.throttled_samples)}/{len(r.samples_ms)}"
+    counted = (
+        "" if r.throttled_samples is None else f", {len(r.throttled_samples)}/{len(r.samples_ms)} samples"
+    )
     return _pill(f"throttled{counted}", "warn") + " "
 
 

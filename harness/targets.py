@@ -133,18 +133,19 @@ def _case_text(case: dict[str, Any]) -> str:
 
 
 def capped_mark(r: SweepRow) -> str:
-    """`` (capped)`` after a throttled row's time, `` (capped 12/40)`` where its samples were read
-    one by one; "" for a row that was not throttled."""
+    """`` (capped)`` after a throttled row's time, `` (capped, 12/40 samples)`` where its samples
+    were read one by one (``0/40``: the row's snapshots alone saw a cap); "" for a row that was
+    not throttled."""
     if not r.throttled:
         return ""
     if r.throttled_samples is None:
         return " (capped)"
-    return f" (capped {len(r.throttled_samples)}/{len(r.samples_ms)})"
+    return f" (capped, {len(r.throttled_samples)}/{len(r.samples_ms)} samples)"
 
 
 CAPPED_NOTE = (
     '"capped": NVML reported a throttle (e.g. the power cap) before, during or after the row\'s samples; '
-    '"capped k/n": during k of its n samples, where they were read one by one.'
+    '"capped, k/n samples": during k of its n samples, where they were read one by one.'
 )
 HEADER = ("P", "H", "T", "config", "median us", "% of floor", "% at {peak} TFLOP/s", "TFLOP/s", "graph us")
 

@@ -34,10 +34,12 @@ Method (DESIGN.md section 5)
   max of the raw samples, which are all kept.
 * Throttling per sample (given a ``monitor``, :class:`harness.nvml.Poller`). Once a batch of
   samples is enqueued the host, instead of blocking until the GPU is done, reads NVML again and
-  again, half a millisecond apart (a reading itself took ~1.6 ms on an H100), until the
-  batch's last event has run; one reading is taken before the first batch and one after each
-  (which opens the next). Each sample's span is placed on the host's monotonic clock from an
-  event recorded on the idle GPU as the batch starts (``Timing.spans``), so
+  again, with half a millisecond's sleep after each reading (a reading itself took ~1.6 ms on
+  an H100), until the batch's last event has run; one reading is taken before the first batch
+  and one after each (which opens the next). Each sample's span is placed on the host's
+  monotonic clock from an event recorded on the idle GPU as the batch starts and waited for,
+  between two reads of that clock (``Timing.spans``: from the first read for its start, the
+  second for its end), so
   :func:`harness.nvml.flag_samples` can name the samples whose nearest readings show a cap.
   Nothing is added between a sample's two events, and the host reads NVML only while the GPU
   already holds every sample of the batch.
@@ -294,12 +296,15 @@ class Sampler:
         monitor = self.monitor
         if monitor is not None:
             # The GPU is idle here (every batch ends in a synchronisation, and so does the
-            # warm-up): the anchor runs as soon as it is recorded, a few microseconds after t0.
+            # warm-up), so the anchor runs between t0 and t1: a sample's span on the host's clock
+            # is taken from t0 for its start and from t1 for its end, which holds it whole.
             if not self._read_since_batch:
                 monitor.read()
             anchor = torch.cuda.Event(enable_timing=True)
             t0 = time.monotonic()
             anchor.record()
+            anchor.synchronize()
+            t1 = time.monotonic()
         events = []
         for _ in range(count):
             if self.spin_cycles:
@@ -321,7 +326,7 @@ class Sampler:
             monitor.read()
             self._read_since_batch = True
             self.spans += [
-                (t0 + anchor.elapsed_time(s) / 1e3, t0 + anchor.elapsed_time(e) / 1e3) for s, e in events
+                (t0 + anchor.elapsed_time(s) / 1e3, t1 + anchor.elapsed_time(e) / 1e3) for s, e in events
             ]
         return [s.elapsed_time(e) for s, e in events]
 

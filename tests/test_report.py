@@ -145,7 +145,7 @@ def test_a_throttled_row_read_per_sample_shows_how_many_samples_were_capped() ->
     rows[hot] = replace(rows[hot], throttled_samples=[0, 2, 3])
     details = _rows_details(render_html(replace(results, sweep=rows), str(SWEEP)))
     row = details[details.index(f">{rows[hot].case_id}<") :].split("</tr>")[0]
-    assert f"throttled 3/{n}" in row
+    assert f"throttled, 3/{n} samples" in row
     # a results file written before samples were read one by one shows the row's flag alone
     assert all(r.throttled_samples is None for r in results.sweep)
     assert ">throttled<" in _rows_details(render_html(results, str(SWEEP)))

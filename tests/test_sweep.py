@@ -13,6 +13,7 @@ import io
 import json
 import sys
 import tempfile
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -406,22 +407,22 @@ def test_a_row_with_capped_samples_is_throttled_and_says_how_many() -> None:
     assert not unread.throttled and unread.throttled_samples is None
 
 
-def test_read_per_sample_a_row_is_throttled_by_its_samples_not_by_its_snapshots() -> None:
-    """The snapshots bracket the warm-up too, and the first can hold the row before's cap: a
-    row whose samples all read clean is not throttled; one whose samples did keeps the
-    snapshots' reason names beside the count, not their violation time, which spans the warm-up."""
+def test_read_per_sample_a_row_keeps_its_snapshots_evidence_beside_its_samples() -> None:
+    """NVML may publish its violation time late, so a cap during the samples can show only in
+    the second snapshot: a row whose samples all read clean is still throttled by its
+    snapshots, and one whose samples did not names the count first, then the snapshots' reasons."""
     t = _timing_of([1.0, 1.1, 1.0, 1.2], None)
     base = dict.fromkeys(sweep.ROW_NVML_FIELDS, 0)
     before = base | {"throttle_reasons": ["sw_power_cap"], "violation_ns": {"power": 0, "thermal": 0}}
     after = base | {"throttle_reasons": ["gpu_idle"], "violation_ns": {"power": 9_000_000, "thermal": 0}}
     ids = dict(case_id="c", impl="i", params={}, mode="cold", repro="")
+    snapshots = ["sw_power_cap", "power_capped_9ms_during_samples"]
     clean = sweep.timed_row(t, 1, 1, None, (before, after), throttled_samples=[], **ids)
-    assert not clean.throttled and clean.throttle_reasons == []
+    assert clean.throttled and clean.throttle_reasons == snapshots and clean.throttled_samples == []
     hot = sweep.timed_row(t, 1, 1, None, (before, after), throttled_samples=[0], **ids)
-    assert hot.throttled and hot.throttle_reasons == ["capped_during_1_of_4_samples", "sw_power_cap"]
+    assert hot.throttled and hot.throttle_reasons == ["capped_during_1_of_4_samples", *snapshots]
     unread = sweep.timed_row(t, 1, 1, None, (before, after), **ids)
-    assert unread.throttled
-    assert unread.throttle_reasons == ["sw_power_cap", "power_capped_9ms_during_samples"]
+    assert unread.throttled and unread.throttle_reasons == snapshots
 
 
 def test_samples_are_flagged_only_where_a_poller_read_them() -> None:
@@ -534,6 +535,55 @@ def cpu_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict:
         mp.setattr(registry, "implementations", lambda: list(STAND_INS))
         code = cli_main(["sweep", "--grid", str(grid), "--device", "cpu", "--out", str(out)])
     return {"code": code, "out": out, "results": load_results(out), "grid": grid, "err": err.getvalue()}
+
+
+def test_a_sweep_reads_its_poller_per_row_and_keeps_each_rows_flagged_samples(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wiring a GPU run takes, on the CPU: the run makes one poller, each timed row clears
+    it and hands it to ``measure`` as the monitor, and the row keeps ``flag_samples``'s answer.
+    Here every sample i spans (i, i + 0.5) and the poller saw a cap at t = 1.25 only: sample 1."""
+    snap = dict.fromkeys(("sm_clock_mhz", "mem_clock_mhz", "temperature_c", "power_w"), 0) | {
+        "throttle_reasons": ["none"],
+        "violation_ns": {"power": 0, "thermal": 0},
+    }
+    monkeypatch.setattr(nvml, "snapshot", lambda device: (dict(snap), ""))
+
+    class FakePoller:
+        cleared = 0
+        failed = ""
+        readings: list = []
+
+        def clear(self) -> None:
+            FakePoller.cleared += 1
+            times = [k / 4 for k in range(41)]  # a reading every 0.25 s
+            self.readings = [nvml.Reading(t, t, 0x4 if t == 1.25 else 0, 0, 0) for t in times]
+
+        def read(self) -> None:  # the CPU path never reads it
+            raise AssertionError("read on the CPU")
+
+    poller = FakePoller()
+    monkeypatch.setattr(nvml.Poller, "of", classmethod(lambda cls, device: (poller, "")))
+    handed = []
+    real_measure = sweep.measure
+
+    def measure(*args, monitor=None, **kwargs):
+        handed.append(monitor)
+        t = real_measure(*args, **kwargs)
+        return replace(t, spans=[(float(i), i + 0.5) for i in range(len(t.samples_ms))])
+
+    monkeypatch.setattr(sweep, "measure", measure)
+    monkeypatch.setattr(registry, "implementations", lambda: [STAND_INS[0]])
+    grid = tmp_path / "cpu.toml"
+    grid.write_text(CPU_GRID)
+    out = tmp_path / "run"
+    with contextlib.redirect_stderr(io.StringIO()):
+        assert cli_main(["sweep", "--grid", str(grid), "--device", "cpu", "--out", str(out)]) == 0
+    rows = load_results(out).sweep
+    assert len(rows) == 2 and handed == [poller, poller] and FakePoller.cleared == 2
+    for r in rows:
+        assert r.throttled_samples == [1] and r.throttled
+        assert r.throttle_reasons == [f"capped_during_1_of_{len(r.samples_ms)}_samples"]
 
 
 def test_cpu_sweep_writes_results_and_report_and_exits_1_on_error_rows(cpu_sweep: dict) -> None:

@@ -153,7 +153,9 @@ def test_a_capped_row_says_how_many_of_its_samples_were_where_they_were_read_one
     read = replace(read, throttled=True, throttled_samples=[0, 1, 2], samples_ms=[1.0] * 8)
     clean = replace(plain, throttled_samples=[])
     marks = [cells(target_rows(run_of([r]))[0])[4][0] for r in (plain, snapshots, read, clean)]
-    assert [m.partition(" ")[2] for m in marks] == ["", "(capped)", "(capped 3/8)", ""]
+    assert [m.partition(" ")[2] for m in marks] == ["", "(capped)", "(capped, 3/8 samples)", ""]
+    snapshots_only = replace(snapshots, throttled_samples=[], samples_ms=[1.0] * 8)
+    assert cells(target_rows(run_of([snapshots_only]))[0])[4][0].endswith(" (capped, 0/8 samples)")
 
 
 def test_the_speedup_line_reads_the_baselines_row_of_the_same_case() -> None:

@@ -543,6 +543,32 @@ def test_a_poller_whose_query_fails_stops_reading_and_says_why() -> None:
     assert poller.failed == ""
 
 
+def test_a_poller_stops_on_any_failing_query_and_on_a_counter_that_comes_and_goes() -> None:
+    class Odd(_FakeNvml):
+        def nvmlDeviceGetViolationStatus(self, h, policy):
+            raise OSError("driver went away")
+
+    poller = nvml.Poller(Odd(), handle=None)
+    poller.read()
+    assert poller.readings == [] and "driver went away" in poller.failed
+
+    class Flaky(_FakeNvml):
+        calls = 0
+
+        def nvmlDeviceGetViolationStatus(self, h, policy):
+            if policy == self.NVML_PERF_POLICY_POWER:
+                Flaky.calls += 1
+                if Flaky.calls == 2:
+                    raise self.NVMLError("Timeout")
+            return super().nvmlDeviceGetViolationStatus(h, policy)
+
+    poller = nvml.Poller(Flaky(), handle=None)
+    poller.read()
+    poller.read()
+    poller.read()
+    assert len(poller.readings) == 1 and "some readings and not in others" in poller.failed
+
+
 def test_a_poller_off_cuda_is_none_with_a_reason() -> None:
     poller, reason = nvml.Poller.of("cpu")
     assert poller is None and "cpu" in reason
@@ -567,6 +593,9 @@ class _FakeGpu:
             def query(self) -> bool:
                 return time.monotonic() >= self.at
 
+            def synchronize(self) -> None:
+                time.sleep(max(self.at - time.monotonic(), 0.0))
+
             def elapsed_time(self, end: Event) -> float:
                 return (end.at - self.at) * 1e3
 
@@ -579,13 +608,15 @@ class _FakeGpu:
         time.sleep(max(self.free_at - time.monotonic(), 0.0))
 
 
+@pytest.mark.parametrize(("read_ms", "call_ms"), [(0.0, 3.0), (1.5, 5.0)], ids=["instant", "slow-reads"])
 def test_the_sampler_reads_the_monitor_while_samples_run_and_places_each_on_the_host_clock(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, read_ms: float, call_ms: float
 ) -> None:
-    """On a fake GPU whose calls take 3 ms: the monitor is read before the batch, repeatedly while
-    it runs and after it; each sample's span is where the GPU ran it on the host's clock, so a
-    cap read while sample 2 ran flags that sample and not the first or the last."""
-    gpu = _FakeGpu(call_ms=3.0)
+    """On a fake GPU whose calls take ``call_ms``: the monitor is read before the batch, repeatedly
+    while it runs and after it; each sample's span is where the GPU ran it on the host's clock,
+    so a cap read while sample 2 ran flags that sample and not the first or the last. Readings
+    that take ``read_ms`` (as NVML's 1.6 ms on an H100) are still in flight as samples end."""
+    gpu = _FakeGpu(call_ms=call_ms)
     monkeypatch.setattr(torch.cuda, "Event", gpu.Event)
     monkeypatch.setattr(torch.cuda, "synchronize", gpu.synchronize)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
@@ -601,16 +632,17 @@ def test_the_sampler_reads_the_monitor_while_samples_run_and_places_each_on_the_
             self.readings: list[nvml.Reading] = []
 
         def read(self) -> None:
-            now = time.monotonic()
+            now = time.monotonic()  # the value is observed as the reading begins
             capped = len(ran) > 2 and ran[2][0] < now < ran[2][1]
-            self.readings.append(_reading(now, 0x4 if capped else 0))
+            time.sleep(read_ms / 1e3)
+            self.readings.append(_reading(now, 0x4 if capped else 0, took=time.monotonic() - now))
 
     monitor = Monitor()
     sampler = timing.Sampler([call], torch.device("cuda"), 0, monitor)
     samples = sampler.samples(5)
-    assert samples == pytest.approx([3.0] * 5, abs=0.3)
-    # read once before, every ~0.5 ms of the ~15 ms the batch runs, and once after it
-    assert len(monitor.readings) >= 10
+    assert samples == pytest.approx([call_ms] * 5, abs=0.3)
+    # read once before, every ~0.5 ms (plus the reading's own time) while the batch runs, once after
+    assert len(monitor.readings) >= (10 if read_ms == 0 else 6)
     assert [r.t for r in monitor.readings] == sorted(r.t for r in monitor.readings)
     assert len(sampler.spans) == 5
     for (start, end), (gpu_start, gpu_end) in zip(sampler.spans, ran, strict=True):
