@@ -338,14 +338,10 @@ def capped_samples_text(base: SweepRow | None, head: SweepRow | None) -> str:
     read one by one (``throttled_samples``): ``capped samples: BASE -, HEAD 12/40`` ("-": not
     read so, or no row); "" where neither side's were."""
 
-    def side(r: SweepRow | None) -> str:
-        if r is None or r.throttled_samples is None:
-            return "-"
-        return f"{len(r.throttled_samples)}/{len(r.samples_ms)}"
-
-    if all(r is None or r.throttled_samples is None for r in (base, head)):
+    counts = [None if r is None else r.capped_count for r in (base, head)]
+    if counts == [None, None]:
         return ""
-    return f"capped samples: BASE {side(base)}, HEAD {side(head)}"
+    return "capped samples: BASE {}, HEAD {}".format(*(c or "-" for c in counts))
 
 
 @dataclass(frozen=True)

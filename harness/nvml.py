@@ -154,18 +154,29 @@ def _nvml() -> tuple[Any, str]:
     return pynvml, ""
 
 
-def snapshot(device: torch.device | str = "cuda") -> tuple[dict[str, Any] | None, str]:
-    """(state, "") of a CUDA device, or (None, reason) when NVML cannot be read here."""
+def _device_handle(device: torch.device | str) -> tuple[Any, Any, str]:
+    """(pynvml, handle, "") of a CUDA device, or (None, None, reason) when NVML cannot be read here."""
     device = torch.device(device)
     if device.type != "cuda":
-        return None, f"NVML describes CUDA devices; this run is on {device}"
+        return None, None, f"NVML describes CUDA devices; this run is on {device}"
     if not torch.cuda.is_available():
-        return None, "no CUDA device is visible to torch"
+        return None, None, "no CUDA device is visible to torch"
     pynvml, reason = _nvml()
+    if pynvml is None:
+        return None, None, reason
+    try:
+        return pynvml, _handle(pynvml, device), ""
+    except Exception as e:  # NVML is context for a run, never a reason to stop it
+        return None, None, f"NVML query failed: {type(e).__name__}: {e}"
+
+
+def snapshot(device: torch.device | str = "cuda") -> tuple[dict[str, Any] | None, str]:
+    """(state, "") of a CUDA device, or (None, reason) when NVML cannot be read here."""
+    pynvml, handle, reason = _device_handle(device)
     if pynvml is None:
         return None, reason
     try:
-        return _read(pynvml, _handle(pynvml, device)), ""
+        return _read(pynvml, handle), ""
     except Exception as e:  # NVML is context for a run, never a reason to stop it
         return None, f"NVML query failed: {type(e).__name__}: {e}"
 
@@ -220,14 +231,8 @@ class Poller:
     @classmethod
     def of(cls, device: Any) -> tuple[Poller | None, str]:
         """A poller of a CUDA device, or (None, reason) where NVML cannot be read here."""
-        snap, reason = snapshot(device)
-        if snap is None:
-            return None, reason
-        pynvml, _ = _nvml()
-        try:
-            return cls(pynvml, _handle(pynvml, torch.device(device))), ""
-        except Exception as e:  # context for a run, never a reason to stop it
-            return None, f"NVML query failed: {type(e).__name__}: {e}"
+        pynvml, handle, reason = _device_handle(device)
+        return (None, reason) if pynvml is None else (cls(pynvml, handle), "")
 
     def clear(self) -> None:
         self.readings = []

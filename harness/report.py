@@ -546,9 +546,7 @@ def throttle_pill(r: SweepRow) -> str:
     samples`` (``0/65``: the row's snapshots alone saw a cap)."""
     if not r.throttled:
         return ""
-    counted = (
-        "" if r.throttled_samples is None else f", {len(r.throttled_samples)}/{len(r.samples_ms)} samples"
-    )
+    counted = "" if r.capped_count is None else f", {r.capped_count} samples"
     return _pill(f"throttled{counted}", "warn") + " "
 
 

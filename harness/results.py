@@ -117,6 +117,14 @@ class SweepRow:
         """A row with samples to show: not an error row, and not a side that could not run."""
         return self.status == "ok" and bool(self.samples_ms) and self.median_ms > 0
 
+    @property
+    def capped_count(self) -> str | None:
+        """``"12/40"``: how many of the row's samples were flagged capped, of how many; None where
+        they were not read one by one (``throttled_samples`` is None)."""
+        if self.throttled_samples is None:
+            return None
+        return f"{len(self.throttled_samples)}/{len(self.samples_ms)}"
+
 
 # ---------------------------------------------------------------------------------------------
 # Field types: what the report and compare read each field as. Checked where a field is present;

@@ -138,9 +138,7 @@ def capped_mark(r: SweepRow) -> str:
     not throttled."""
     if not r.throttled:
         return ""
-    if r.throttled_samples is None:
-        return " (capped)"
-    return f" (capped, {len(r.throttled_samples)}/{len(r.samples_ms)} samples)"
+    return " (capped)" if r.capped_count is None else f" (capped, {r.capped_count} samples)"
 
 
 CAPPED_NOTE = (
