@@ -2,9 +2,10 @@
 
 `reports/README.md` indexes every committed run. Folders whose findings `kernel/NOTES.md` carries
 may be taken out of the tracked tree to keep it under its 32 MB (tests/test_tree_size.py); they
-are then listed under "Moved out of the tree" with the last commit that holds them. These tests
-keep that list honest: a name a document gives in full must be a folder of the tree or a listed
-one, a listed one must be gone from the tree, and that commit must hold it.
+are then listed under "Moved out of the tree", in batches: each batch a `git archive <commit>`
+command naming the last commit that holds its folders, then a fenced list of them. These tests
+keep that section honest: a name a document gives in full must be a folder of the tree or a listed
+one, a listed one must be gone from the tree and listed once, and its batch's commit must hold it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -25,9 +27,9 @@ DOCUMENTS = ("README.md", "reports/README.md", "reports/waivers.toml", "kernel/N
 # A run folder's full name: time, kind and labels, the commit (7 hex digits), maybe "-dirty".
 # Abbreviated references ("...082755-parity-...") are not checked.
 _FULL_NAME = re.compile(r"reports/(\d{8}T\d{6}-[A-Za-z0-9_.-]*?-[0-9a-f]{7}(?:-dirty)?)(?=[/`'\"\s,;)]|$)")
-_MOVED = re.compile(
-    r"^## Moved out of the tree\n(?P<text>.*?)^```\n(?P<names>.*?)^```$", re.MULTILINE | re.DOTALL
-)
+# The section runs to the next second-level heading or the end of the file.
+_MOVED = re.compile(r"^## Moved out of the tree\n(?P<body>.*?)(?=^## |\Z)", re.MULTILINE | re.DOTALL)
+_LIST = re.compile(r"^```\n(?P<names>.*?)^```$", re.MULTILINE | re.DOTALL)
 _COMMIT = re.compile(r"git archive ([0-9a-f]{7,40}) reports/<folder>")
 
 
@@ -36,16 +38,38 @@ def full_names(text: str) -> set[str]:
     return {m.group(1) for m in _FULL_NAME.finditer(text) if "..." not in m.group(1)}
 
 
-def moved_section(index_text: str) -> tuple[str, list[str]]:
-    """(the commit that holds them, the folder names) of the index's "Moved out of the tree"."""
+def moved_batches(index_text: str) -> list[tuple[str, list[str]]]:
+    """(the commit that holds them, the folder names) of each batch of the index's "Moved out of the tree".
+
+    A batch is a fenced list of folder names; the text between it and the list before it (or the
+    heading) must hold exactly one `git archive <commit> reports/<folder>` command.
+    """
     m = _MOVED.search(index_text)
     if m is None:
-        raise ValueError('reports/README.md has no "## Moved out of the tree" section with a fenced list')
-    commit = _COMMIT.search(m.group("text"))
-    if commit is None:
-        raise ValueError('"Moved out of the tree" names no `git archive <commit> reports/<folder>` command')
-    names = [line.strip() for line in m.group("names").splitlines() if line.strip()]
-    return commit.group(1), names
+        raise ValueError('reports/README.md has no "## Moved out of the tree" section')
+    body = m.group("body")
+    batches = []
+    start = 0
+    for number, fenced in enumerate(_LIST.finditer(body), start=1):
+        commits = _COMMIT.findall(body[start : fenced.start()])
+        if len(commits) != 1:
+            found = "no" if not commits else f"{len(commits)}"
+            raise ValueError(
+                f'"Moved out of the tree": batch {number} has {found} `git archive <commit> reports/<folder>` '
+                "commands before its list; it needs one"
+            )
+        names = [line.strip() for line in fenced.group("names").splitlines() if line.strip()]
+        batches.append((commits[0], names))
+        start = fenced.end()
+    if not batches:
+        raise ValueError('"Moved out of the tree" holds no fenced list of folders')
+    return batches
+
+
+def listed_twice(batches: list[tuple[str, list[str]]]) -> list[str]:
+    """The folder names listed more than once, within one batch or across batches."""
+    counts = Counter(name for _, names in batches for name in names)
+    return sorted(name for name, count in counts.items() if count > 1)
 
 
 def unresolved(named: set[str], in_tree: set[str], moved: set[str]) -> list[str]:
@@ -57,11 +81,11 @@ def _tree_folders() -> set[str]:
 
 
 def test_every_folder_named_in_full_is_in_the_tree_or_moved() -> None:
-    _, moved = moved_section(INDEX.read_text(encoding="utf-8"))
+    moved = {name for _, names in moved_batches(INDEX.read_text(encoding="utf-8")) for name in names}
     in_tree = _tree_folders()
     missing = {}
     for doc in DOCUMENTS:
-        names = unresolved(full_names((ROOT / doc).read_text(encoding="utf-8")), in_tree, set(moved))
+        names = unresolved(full_names((ROOT / doc).read_text(encoding="utf-8")), in_tree, moved)
         if names:
             missing[doc] = names
     assert not missing, f"report folders named but neither in reports/ nor moved out: {missing}"
@@ -69,8 +93,12 @@ def test_every_folder_named_in_full_is_in_the_tree_or_moved() -> None:
 
 def test_the_moved_folders_are_out_of_the_tree_and_indexed() -> None:
     text = INDEX.read_text(encoding="utf-8")
-    _, moved = moved_section(text)
-    assert moved and len(moved) == len(set(moved)), "the moved list is empty or names a folder twice"
+    batches = moved_batches(text)
+    empty = [commit for commit, names in batches if not names]
+    assert not empty, f"moved batches with an empty list (their commits): {empty}"
+    twice = listed_twice(batches)
+    assert not twice, f"folders listed as moved more than once: {twice}"
+    moved = [name for _, names in batches for name in names]
     back = sorted(set(moved) & _tree_folders())
     assert not back, (
         f"folders listed as moved are in reports/ again: {back}; read them from outside the checkout "
@@ -81,25 +109,33 @@ def test_the_moved_folders_are_out_of_the_tree_and_indexed() -> None:
     assert not unindexed, f"moved folders without their row in the index: {unindexed}"
 
 
-def test_the_named_commit_holds_each_moved_folder() -> None:
-    commit, moved = moved_section(INDEX.read_text(encoding="utf-8"))
+def test_each_batch_commit_holds_its_moved_folders() -> None:
+    batches = moved_batches(INDEX.read_text(encoding="utf-8"))
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
-    has_commit = subprocess.run(
-        ["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT, capture_output=True
-    ).returncode
-    if has_commit != 0:
-        pytest.skip(f"commit {commit} is not in this clone (a shallow clone or an archive)")
-    listing = subprocess.run(
-        ["git", "ls-tree", "-d", "--name-only", commit, "reports/"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    held = {Path(p).name for p in listing}
-    absent = [n for n in moved if n not in held]
-    assert not absent, f"commit {commit} does not hold these moved folders: {absent}"
+    absent = {}
+    not_in_clone = []
+    for commit, moved in batches:
+        has_commit = subprocess.run(
+            ["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT, capture_output=True
+        ).returncode
+        if has_commit != 0:
+            not_in_clone.append(commit)
+            continue
+        listing = subprocess.run(
+            ["git", "ls-tree", "-d", "--name-only", commit, "reports/"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        held = {Path(p).name for p in listing}
+        missing = [n for n in moved if n not in held]
+        if missing:
+            absent[commit] = missing
+    assert not absent, f"these batches' commits do not hold their moved folders: {absent}"
+    if not_in_clone:
+        pytest.skip(f"commits {not_in_clone} are not in this clone (a shallow clone or an archive)")
 
 
 def test_the_checks_can_fail() -> None:
@@ -114,16 +150,45 @@ def test_the_checks_can_fail() -> None:
         "20990101T000000-trials-nvidia-h200-abcdef1",
         "20990101T000001-sweep-default-nvidia-h200-abcdef1-dirty",
     }
-    commit, moved = moved_section(text)
-    assert commit == "abcdef1" and moved == ["20990101T000000-trials-nvidia-h200-abcdef1"]
-    assert unresolved(full_names(text), set(), set(moved)) == [
+    assert moved_batches(text) == [("abcdef1", ["20990101T000000-trials-nvidia-h200-abcdef1"])]
+    moved = {"20990101T000000-trials-nvidia-h200-abcdef1"}
+    assert unresolved(full_names(text), set(), moved) == [
         "20990101T000001-sweep-default-nvidia-h200-abcdef1-dirty"
     ]
     assert (
-        unresolved(full_names(text), {"20990101T000001-sweep-default-nvidia-h200-abcdef1-dirty"}, set(moved))
-        == []
+        unresolved(full_names(text), {"20990101T000001-sweep-default-nvidia-h200-abcdef1-dirty"}, moved) == []
     )
-    with pytest.raises(ValueError, match="no `git archive"):
-        moved_section(text.replace("git archive abcdef1", "git show abcdef1"))
+    with pytest.raises(ValueError, match="batch 1 has no `git archive"):
+        moved_batches(text.replace("git archive abcdef1", "git show abcdef1"))
     with pytest.raises(ValueError, match="Moved out of the tree"):
-        moved_section(text.replace("## Moved out", "## Moved"))
+        moved_batches(text.replace("## Moved out", "## Moved"))
+    with pytest.raises(ValueError, match="no fenced list"):
+        moved_batches(text.replace("```", "~~~"))
+
+    # A second batch, with its own commit; a section after it ends the moved one.
+    second = (
+        "\n### Second batch: whole in commit 1234567\n\n"
+        "    git archive 1234567 reports/<folder> | tar -x -C DIR\n\n"
+        "```\n20990102T000000-ab-x-nvidia-h200-1234567-vs-1234567\n20990102T000100-ncu-nvidia-h200-1234567\n```\n"
+    )
+    two = text + second + "\n## After\n\n```\nnot-a-moved-folder\n```\n"
+    assert moved_batches(two) == [
+        ("abcdef1", ["20990101T000000-trials-nvidia-h200-abcdef1"]),
+        (
+            "1234567",
+            [
+                "20990102T000000-ab-x-nvidia-h200-1234567-vs-1234567",
+                "20990102T000100-ncu-nvidia-h200-1234567",
+            ],
+        ),
+    ]
+    assert listed_twice(moved_batches(two)) == []
+    # The first batch's command does not stand in for a second batch that lacks its own.
+    with pytest.raises(ValueError, match="batch 2 has no `git archive"):
+        moved_batches(two.replace("git archive 1234567", "git show 1234567"))
+    with pytest.raises(ValueError, match="batch 2 has 2 `git archive"):
+        moved_batches(two.replace("### Second batch", "    git archive 7654321 reports/<folder>\n### Second"))
+    again = two.replace(
+        "20990102T000100-ncu-nvidia-h200-1234567", "20990101T000000-trials-nvidia-h200-abcdef1"
+    )
+    assert listed_twice(moved_batches(again)) == ["20990101T000000-trials-nvidia-h200-abcdef1"]
