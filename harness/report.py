@@ -9,9 +9,11 @@
     python -m harness report --targets PATH     print the kernel's target cases as a markdown
                                                 table, and how many reach the target
                                                 (harness/targets.py; --at-peak TFLOPS)
-    python -m harness report --prune reports/   delete index.html of every run but the newest one
-                                                per GPU model, kind and grid, and compress those
-                                                runs' results.json to results.json.gz
+    python -m harness report --prune reports/   compress results.json to results.json.gz and
+                                                delete index.html of every run but the newest one
+                                                per GPU model, kind and grid; of those, a run on
+                                                another grid loses its page to a newer run on the
+                                                main grid (:func:`prune`)
 
 The page (``harness/templates/report.html.j2``, jinja2) holds pandas tables and matplotlib plots
 embedded as base64 PNG, so it opens anywhere with no other file:
@@ -28,7 +30,8 @@ embedded as base64 PNG, so it opens anywhere with no other file:
 
 Older runs keep only their results, as ``results.json.gz`` (the same text; every reader takes
 either form); their HTML is regenerated from it. The newest run per GPU model, kind and grid keeps
-``results.json`` plain, so that a diff between it and the next run reads row by row.
+``results.json`` plain, so that a diff between it and the next run reads row by row, and its page
+unless a newer run of its GPU model and kind on the main grid holds that page.
 """
 
 from __future__ import annotations
@@ -917,11 +920,25 @@ def _run_files(root: Path) -> list[Path]:
         raise ResultsError(f"{root}: cannot list the folder: {e.strerror or e}") from e
 
 
+# The grid whose newest run of a GPU model and kind stands for that model and kind's pages.
+MAIN_GRIDS = {"parity": "all-bundles"}
+MAIN_GRID = "default"
+
+
+def main_grid(kind: str) -> str:
+    return MAIN_GRIDS.get(kind, MAIN_GRID)
+
+
 def prune(root: Path) -> tuple[list[Path], list[str], list[str]]:
-    """Delete index.html of every run under ``root`` but the newest per (GPU model, kind, grid),
-    the key the history gate groups runs by (:func:`harness.compare.run_key`: a quick sweep, or
-    a tensor-parallel one, does not take the page of the default grid's run), and compress those
-    runs' ``results.json`` to ``results.json.gz``.
+    """Compress the ``results.json`` of every run under ``root`` but the newest per (GPU model,
+    kind, grid), the key the history gate groups runs by (:func:`harness.compare.run_key`), to
+    ``results.json.gz``, and delete those runs' index.html.
+
+    Of the newest runs, a run on another grid than the main one (:func:`main_grid`: a quick
+    sweep, a tensor-parallel one, a narrowed one) loses its page, not its plain results, once a
+    run of the same GPU model and kind on the main grid is newer: DESIGN.md keeps the HTML of a
+    GPU model's latest run. A quick or tensor-parallel sweep made after the default grid's run
+    keeps its page and leaves the default run's page alone.
 
     Only the runs the history gate reads count (:func:`harness.compare.tracked_results`: those
     git tracks or would track): a run in a git-ignored scratch folder neither takes the newest
@@ -941,6 +958,7 @@ def prune(root: Path) -> tuple[list[Path], list[str], list[str]]:
     except CompareError as e:
         raise ResultsError(str(e)) from e
     newest: dict[RunKey, tuple[str, Path]] = {}
+    main_newest: dict[tuple[str, str], str] = {}  # (GPU model, kind) -> its main grid's newest run's time
     runs: list[tuple[RunKey, Path]] = []
     warnings = []
     for json_path in files:
@@ -953,16 +971,24 @@ def prune(root: Path) -> tuple[list[Path], list[str], list[str]]:
         runs.append((key, json_path))
         if key not in newest or results.created_utc > newest[key][0]:
             newest[key] = (results.created_utc, json_path.parent)
+        model_kind = (key.gpu_model, key.kind)
+        if key.grid == main_grid(key.kind) and results.created_utc > main_newest.get(model_kind, ""):
+            main_newest[model_kind] = results.created_utc
     changed, failures = [], []
     for key, json_path in runs:
-        if json_path.parent == newest[key][1]:
+        created, folder = newest[key]
+        is_newest = json_path.parent == folder
+        superseded = (
+            key.grid != main_grid(key.kind) and main_newest.get((key.gpu_model, key.kind), "") > created
+        )
+        if is_newest and not superseded:
             continue
         page = json_path.parent / "index.html"
         try:
             if page.is_file():
                 page.unlink()
                 changed.append(page)
-            if json_path.name == RESULTS_FILE:
+            if not is_newest and json_path.name == RESULTS_FILE:
                 changed.append(compress_results(json_path))
         except OSError as e:
             failures.append(f"{json_path.parent}: {e.strerror or e}")
@@ -984,7 +1010,8 @@ def _main_prune(root: Path) -> int:
         print(f"error: could not prune {f}", file=sys.stderr)
     print(
         f"{len(pages)} page(s) deleted, {len(changed) - len(pages)} results file(s) compressed; "
-        "the newest run per GPU model, kind and grid keeps its index.html and plain results.json"
+        "the newest run per GPU model, kind and grid keeps its plain results.json, and its index.html "
+        "unless a newer run of that GPU model and kind on the main grid took the page"
     )
     if failures:
         print(f"error: {len(failures)} run(s) could not be pruned (listed above)", file=sys.stderr)
@@ -1142,8 +1169,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--prune",
         metavar="DIR",
-        help="delete index.html of all but the newest run per GPU model, kind and grid, and compress "
-        "those runs' results.json to results.json.gz",
+        help="compress results.json to results.json.gz and delete index.html of all but the newest run "
+        "per GPU model, kind and grid; of those, a run on another grid than the main one (default; a "
+        "parity run's all bundles) loses its page once a run on the main grid is newer",
     )
     p.add_argument(
         "--scaling",

@@ -610,6 +610,33 @@ def test_prune_keeps_the_newest_page_per_grid(tmp_path: Path) -> None:
     assert all((r / "index.html").exists() for r in (default, quick, tp))
 
 
+def test_prune_gives_a_newer_main_grid_run_the_pages_of_other_grids_not_their_results(tmp_path: Path) -> None:
+    """Once the default grid's run is newer, the older quick, tensor-parallel and narrowed runs
+    of that GPU model and kind lose their pages (DESIGN.md: the HTML of a GPU model's latest run)
+    and keep their plain results.json, the newest of their grid for the history gate; another GPU
+    model's runs and another kind's are left alone."""
+
+    def run(name: str, date: str, args: str, gpu: str = "NVIDIA H200", source: Path = SWEEP) -> Path:
+        created = f"2025-{date}T00:00:00+00:00"
+        tool = "sweep" if source == SWEEP else "parity"
+        return _run(tmp_path, name, source, created, gpu, f"python -m harness {tool}{args}")
+
+    quick = run("a", "10-01", " --grid quick")
+    tp = run("b", "10-02", " --tp 2")
+    narrowed = run("c", "10-03", " --modes cold")
+    other_gpu_quick = run("d", "10-04", " --grid quick", gpu="NVIDIA H100 80GB HBM3")
+    parity_some = run("e", "10-05", " --bundles b1", source=PARITY)
+    default = run("f", "11-01", "")
+    later_short = run("g", "11-02", " --grid short --gpus 2")
+    changed, warnings, failures = prune(tmp_path)
+    assert warnings == [] == failures
+    assert changed == [quick / "index.html", tp / "index.html", narrowed / "index.html"]
+    for r in (quick, tp, narrowed):
+        assert (r / "results.json").exists() and not (r / "results.json.gz").exists()
+    assert all((r / "index.html").exists() for r in (other_gpu_quick, parity_some, default, later_short))
+    assert prune(tmp_path) == ([], [], [])
+
+
 def test_prune_counts_only_the_runs_git_tracks_or_would_track(tmp_path: Path) -> None:
     """A newer run in a git-ignored scratch folder neither takes the page from the newest
     committed run nor is pruned itself (the runs the history gate reads are the ones that count)."""
