@@ -14,6 +14,7 @@ process in this order:
     sweep        python -m harness sweep --grid default [--gpus all]
     sweep-sm120  python -m harness sweep --grid sm120 [--gpus all]   (sm_120's configs, forced)
     mma-peak     python -m harness mma-peak --out <this run's folder>
+    nvml-lag     python -m harness nvml-lag --out <this run's folder>   (how late NVML reports a cap)
     ab-shape-32  python -m harness ab --base-define VA_SMALL_SHAPE=32 --grid default
     ab-shape-48  python -m harness ab --base-define VA_SMALL_SHAPE=48 --grid quick
     ab-combine   python -m harness ab --base-define VA_COMBINE_TWO_PASS --grid quick
@@ -26,7 +27,7 @@ cannot run here is ``skipped`` with its reason. A failing step does not stop the
 run goes on and exits 1 at the end.
 
 Everything goes into one folder, ``reports/<UTC time>-bringup-<gpu>-<sha7>/`` (or ``--out``):
-each step's log (``<step>.log``), ``mma-peak.json``, and ``bringup.json`` + ``README.md``
+each step's log (``<step>.log``), ``mma-peak.json``, ``nvml-lag.json``, and ``bringup.json`` + ``README.md``
 (each step: its command, status, exit code, seconds, the report folders it wrote, its log's last
 line; a pytest step whose every test skipped is recorded ``skipped``, not ``passed``). Those two
 are rewritten after every step, atomically, so a run cut short leaves the record of the steps
@@ -40,7 +41,7 @@ earlier run's outcome, and each step records the commit and box it ran on (the R
 step of another commit or box). ``--list`` prints the plan and each skip's reason without running
 anything. ``--only``/``--skip`` that leave no step to run, or an ``--out`` that is empty, cannot
 be written, holds other files (``--out .`` would write over the project's README), holds another
-command's run (``results.json``: the mma-peak step writes into this folder) or a ``bringup.json``
+command's run (``results.json``: the mma-peak and nvml-lag steps write into this folder) or a ``bringup.json``
 this version cannot read back, exit 2 before any step. A box where torch sees no GPU skips every
 step and exits 3: nothing was brought up. SIGTERM and SIGHUP stop the running step as Ctrl-C
 does, and the record names the signal.
@@ -131,6 +132,10 @@ def _needs_nvidia_smi(box: Box, probe: dict[str, Any] | None) -> str | None:
     return None if shutil.which("nvidia-smi") else "nvidia-smi is not on the PATH"
 
 
+def _needs_pynvml(box: Box, probe: dict[str, Any] | None) -> str | None:
+    return None if importlib.util.find_spec("pynvml") else "pynvml is not installed (NVML is read through it)"
+
+
 def _no_gpu(box: Box) -> str | None:
     return None if box.gpus >= 1 else "no CUDA device is visible to torch"
 
@@ -183,6 +188,13 @@ def plan(box: Box) -> list[Step]:
             "mma.sync's own rate beside the matmul",
             ("-m", "harness", "mma-peak", "--out", "{out}"),
             900,
+        ),
+        Step(
+            "nvml-lag",
+            "how late NVML reports a power cap (loads from idle)",
+            ("-m", "harness", "nvml-lag", "--out", "{out}"),
+            300,
+            _needs_pynvml,
         ),
         Step(
             "ab-shape-32",
@@ -641,7 +653,7 @@ def main(
 
     try:
         held = held_results(out_dir) if out_dir.is_dir() else None
-        if held is not None:  # a sweep's or parity's folder; the mma-peak step writes into this one
+        if held is not None:  # a sweep's or parity's folder; mma-peak and nvml-lag write into this one
             raise ValueError(
                 f"--out {out_dir} holds a run's {held.name}: another command's report folder, not a "
                 "bring-up's; give a new folder, or a bring-up's to resume it"

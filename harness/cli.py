@@ -29,6 +29,7 @@ COMMANDS = (
     "harness.compare",
     "harness.ab",
     "harness.mma_peak",
+    "harness.nvml_lag",
     "harness.bringup",
 )
 

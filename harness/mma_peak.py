@@ -166,15 +166,16 @@ def best_run(runs: list[dict[str, Any]], mode: int | None = None) -> Best:
 BRINGUP_RECORD = "bringup.json"
 
 
-def check_no_record(out: str | None) -> None:
-    """An ``--out`` that already holds an mma-peak record is refused (ValueError): this run would
-    replace it. A bring-up's folder is the exception (its rerun replaces its steps' records)."""
+def check_no_record(out: str | None, name: str = OUTPUT_FILE) -> None:
+    """An ``--out`` that already holds a record ``name`` (mma-peak's, or another box measurement's
+    that a bring-up writes into its folder) is refused (ValueError): this run would replace it.
+    A bring-up's folder is the exception (its rerun replaces its steps' records)."""
     if not out or not Path(out).is_dir():
         return
-    held = Path(out) / OUTPUT_FILE
+    held = Path(out) / name
     if (held.exists() or held.is_symlink()) and not (Path(out) / BRINGUP_RECORD).is_file():
         raise ValueError(
-            f"--out {out} already holds {OUTPUT_FILE}, which this run would replace; expected a "
+            f"--out {out} already holds {name}, which this run would replace; expected a "
             "new folder: pick another"
         )
 

@@ -62,7 +62,7 @@ def test_the_steps_run_in_the_documented_order() -> None:
     assert bringup.STEP_NAMES == (
         "box",
         "build", "gpu-tests", "sanitizer", "parity", "sweep", "sweep-sm120", "mma-peak",
-        "ab-shape-32", "ab-shape-48", "ab-combine", "tp",
+        "nvml-lag", "ab-shape-32", "ab-shape-48", "ab-combine", "tp",
     )  # fmt: skip
     for name in bringup.STEP_NAMES:
         assert f"    {name} " in bringup.__doc__, f"{name} is missing from the module's list of steps"
