@@ -8,6 +8,7 @@ grows after the load's end, a GPU capped before the load, a board without the co
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
@@ -144,3 +145,20 @@ def test_the_bringup_step_writes_into_its_folder_and_needs_pynvml() -> None:
     step = {s.name: s for s in bringup.plan(bringup.Box(gpus=1))}["nvml-lag"]
     assert step.argv == ("-m", "harness", "nvml-lag", "--out", "{out}")
     assert step.skip.__name__ == "_needs_pynvml"
+
+
+@pytest.mark.gpu
+def test_the_command_runs_on_this_gpu(tmp_path, capsys) -> None:
+    """Two short loads with short idle and tail phases: the record holds each load's analysis and
+    the summary (the numbers are the board's; here only their shape and signs)."""
+    pytest.importorskip("pynvml")
+    argv = ["nvml-lag", "--loads", "2,10", "--idle", "0.05", "--tail", "0.05", "--out", str(tmp_path)]
+    assert cli_main(argv) == 0
+    record = json.loads((tmp_path / nvml_lag.OUTPUT_FILE).read_text())
+    assert record["schema"] == nvml_lag.SCHEMA and record["matmul"]["ms"] > 0
+    assert [x["asked_ms"] for x in record["loads"]] == [2.0, 10.0]
+    for x in record["loads"]:
+        assert x["matmuls"] >= 1 and x["load_ms"] > 0
+        assert all(n >= 1 for n in x["readings"].values())
+    assert record["summary"]["loads"] == 2
+    assert "nvml-lag: {" in capsys.readouterr().out
