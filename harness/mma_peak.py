@@ -184,7 +184,7 @@ def main(args: argparse.Namespace) -> int:
     import torch
 
     from harness.env import environment, git_info
-    from harness.results import atomic_write_text, run_folder, unwritten_path
+    from harness.results import run_folder, write_or_keep
 
     if not torch.cuda.is_available():
         print("error: mma-peak: no CUDA device is visible to torch", file=sys.stderr)
@@ -244,15 +244,9 @@ def main(args: argparse.Namespace) -> int:
         "best_by_mode": {str(m): vars(best_run(runs, m)) for m in sorted({r["mode"] for r in runs})},
     }
     text = json.dumps(record, indent=1) + "\n"
-    try:
-        atomic_write_text(out_dir / OUTPUT_FILE, text)
-    except OSError as e:  # the folder was checked before the build; it may have filled up since
-        kept = unwritten_path(OUTPUT_FILE)
-        kept.write_text(text)
-        print(
-            f"error: {out_dir / OUTPUT_FILE}: not written ({e.strerror or e}); the record is kept in {kept}",
-            file=sys.stderr,
-        )
+    failed = write_or_keep(out_dir / OUTPUT_FILE, text)
+    if failed:  # the folder was checked before the run; it may have filled up since
+        print(f"error: {failed}", file=sys.stderr)
         return 2
     print(f"{'mode':>4} {'acc':>3} {'warps':>5} {'ctas/SM':>7} {'TFLOP/s':>8} {'of matmul':>9}")
     for r in runs:

@@ -11,11 +11,15 @@ violation times) in a loop before, during and after each, and records per load:
 
 * when the first reading with a clock-lowering reason, and the first with more power violation
   time than the idle GPU's last reading, began after the load's launch (ms);
-* the violation time gained while the load ran, and after its end (the part a window around the
-  load would miss), and when the last growth after the end was read;
+* the violation time gained while the load ran, across its end (from the last reading during
+  it, which may have taken its values before the end, to the first begun after it), and after
+  its end (between readings begun after it: what a window around the load would miss), and when
+  the last growth after the end was read;
 * the idle GPU's own readings (a GPU already capped at idle leaves the onset unmeasured).
 
-    python -m harness nvml-lag [--loads 2,5,20,100,400] [--idle S] [--tail S] [--out DIR]
+    python -m harness nvml-lag [--loads MS,MS,...] [--idle S] [--tail S] [--out DIR]
+
+(default loads: 2, 5, 20, 100 and 400 ms, twice)
 
 writes ``nvml-lag.json`` into ``DIR`` (default ``reports/<UTC time>-nvml-lag-<gpu>-<sha7>/``);
 the bring-up's ``nvml-lag`` step writes it into the bring-up's folder. ``--out`` follows
@@ -87,14 +91,15 @@ def analyse(load: Load) -> dict[str, Any]:
         if counted
         else None
     )
-    end_of_load = load.during[-1]
+    # The last reading during the load may have taken its values while the load still ran, so
+    # growth from it to the first reading begun after the end straddles the end ("at_end"); only
+    # growth between readings begun after the end is violation time NVML reported late ("after").
+    end_of_load, first_after = load.during[-1], load.after[0]
     last_growth_after = None
     if counted:
-        previous = end_of_load
-        for r in load.after:
+        for previous, r in zip(load.after[:-1], load.after[1:], strict=True):
             if r.power_ns is not None and previous.power_ns is not None and r.power_ns > previous.power_ns:
                 last_growth_after = r.t - load.t_done
-            previous = r
     return {
         "asked_ms": load.asked_ms,
         "matmuls": load.matmuls,
@@ -105,7 +110,8 @@ def analyse(load: Load) -> dict[str, Any]:
         "first_capped_reading_ms": _ms(first_capped),
         "first_power_violation_growth_ms": _ms(first_growth),
         "power_violation_during_ms": _grown_ms(base.power_ns, end_of_load.power_ns),
-        "power_violation_after_ms": _grown_ms(end_of_load.power_ns, load.after[-1].power_ns),
+        "power_violation_at_end_ms": _grown_ms(end_of_load.power_ns, first_after.power_ns),
+        "power_violation_after_ms": _grown_ms(first_after.power_ns, load.after[-1].power_ns),
         "last_growth_after_end_ms": _ms(last_growth_after),
         "capped_readings": {
             "during": sum(r.capped for r in load.during),
@@ -115,27 +121,35 @@ def analyse(load: Load) -> dict[str, Any]:
     }
 
 
+def _total(loads: list[dict[str, Any]], field: str) -> float | None:
+    values = [x[field] for x in loads if x[field] is not None]
+    return round(sum(values), 4) if values else None
+
+
 def summary(loads: list[dict[str, Any]]) -> dict[str, Any]:
     """Over the loads measured from an uncapped idle GPU: the latest first growth of the power
-    violation time, the latest growth read after a load's end, and the share of the violation
-    time that came after the loads' ends."""
+    violation time, the latest growth read after a load's end, the violation time read during
+    the loads, across their ends and after them, and the share of it that came after (None
+    where the board has no violation counter)."""
     clean = [x for x in loads if x["idle_capped_readings"] == 0 and x["idle_power_violation_ms"] in (0, None)]
-    during = sum(x["power_violation_during_ms"] or 0 for x in clean)
-    after = sum(x["power_violation_after_ms"] or 0 for x in clean)
     firsts = [
         x["first_power_violation_growth_ms"]
         for x in clean
         if x["first_power_violation_growth_ms"] is not None
     ]
     lasts = [x["last_growth_after_end_ms"] for x in clean if x["last_growth_after_end_ms"] is not None]
+    during, at_end, after = (
+        _total(clean, f"power_violation_{phase}_ms") for phase in ("during", "at_end", "after")
+    )
+    whole = None if during is None else during + (at_end or 0) + (after or 0)
     return {
         "loads_from_uncapped_idle": len(clean),
         "loads": len(loads),
         "capped_loads": sum(1 for x in clean if x["first_capped_reading_ms"] is not None),
         "latest_first_growth_ms": max(firsts) if firsts else None,
         "latest_growth_after_end_ms": max(lasts) if lasts else None,
-        "power_violation_ms": {"during": round(during, 4), "after": round(after, 4)},
-        "after_share": round(after / (during + after), 4) if during + after > 0 else None,
+        "power_violation_ms": {"during": during, "at_end": at_end, "after": after},
+        "after_share": round(after / whole, 4) if whole and after is not None else None,
     }
 
 
@@ -207,7 +221,7 @@ def main(args: argparse.Namespace) -> int:
     from harness.cli import check_run_out_dir
     from harness.env import environment, git_info
     from harness.mma_peak import check_no_record
-    from harness.results import REPORTS_DIR, atomic_write_text, run_folder, unwritten_path
+    from harness.results import REPORTS_DIR, run_folder, write_or_keep
 
     if not torch.cuda.is_available():
         print("error: nvml-lag: no CUDA device is visible to torch", file=sys.stderr)
@@ -251,21 +265,16 @@ def main(args: argparse.Namespace) -> int:
         "summary": summary(measured),
     }
     text = json.dumps(record, indent=1) + "\n"
-    try:
-        atomic_write_text(out_dir / OUTPUT_FILE, text)
-    except OSError as e:
-        kept = unwritten_path(OUTPUT_FILE)
-        kept.write_text(text)
-        print(
-            f"error: {out_dir / OUTPUT_FILE}: not written ({e.strerror or e}); the record is kept in {kept}",
-            file=sys.stderr,
-        )
+    failed = write_or_keep(out_dir / OUTPUT_FILE, text)
+    if failed:  # the folder was checked before the run; it may have filled up since
+        print(f"error: {failed}", file=sys.stderr)
         return 2
     for x in measured:
         print(
             f"{x['asked_ms']:>7g} ms load: first cap reason {x['first_capped_reading_ms']} ms, first violation "
             f"growth {x['first_power_violation_growth_ms']} ms, violation {x['power_violation_during_ms']} ms during "
-            f"+ {x['power_violation_after_ms']} ms after (last growth {x['last_growth_after_end_ms']} ms after the end)"
+            f"+ {x['power_violation_at_end_ms']} ms across the end + {x['power_violation_after_ms']} ms after "
+            f"(last growth {x['last_growth_after_end_ms']} ms after the end)"
         )
     print(f"nvml-lag: {json.dumps(record['summary'])} -> {shown(out_dir / OUTPUT_FILE)}")
     return 0

@@ -920,13 +920,15 @@ def _run_files(root: Path) -> list[Path]:
         raise ResultsError(f"{root}: cannot list the folder: {e.strerror or e}") from e
 
 
-# The grid whose newest run of a GPU model and kind stands for that model and kind's pages.
-MAIN_GRIDS = {"parity": "all-bundles"}
-MAIN_GRID = "default"
+# The grid whose newest run of a GPU model and kind stands for that model and kind's pages: the
+# default sweep, and parity on every bundle with the mutation controls (a narrowed run's grid
+# carries its brackets, harness.compare.run_grid). Other kinds (A/B runs) have none: each grid
+# of theirs is an experiment of its own and keeps its newest page.
+MAIN_GRIDS = {"sweep": "default", "parity": "all-bundles"}
 
 
-def main_grid(kind: str) -> str:
-    return MAIN_GRIDS.get(kind, MAIN_GRID)
+def main_grid(kind: str) -> str | None:
+    return MAIN_GRIDS.get(kind)
 
 
 def prune(root: Path) -> tuple[list[Path], list[str], list[str]]:
@@ -934,11 +936,12 @@ def prune(root: Path) -> tuple[list[Path], list[str], list[str]]:
     kind, grid), the key the history gate groups runs by (:func:`harness.compare.run_key`), to
     ``results.json.gz``, and delete those runs' index.html.
 
-    Of the newest runs, a run on another grid than the main one (:func:`main_grid`: a quick
-    sweep, a tensor-parallel one, a narrowed one) loses its page, not its plain results, once a
-    run of the same GPU model and kind on the main grid is newer: DESIGN.md keeps the HTML of a
-    GPU model's latest run. A quick or tensor-parallel sweep made after the default grid's run
-    keeps its page and leaves the default run's page alone.
+    Of the newest runs, a sweep or parity run on another grid than the main one
+    (:data:`MAIN_GRIDS`: a quick sweep, a tensor-parallel one, a narrowed one) loses its page,
+    not its plain results, once a run of the same GPU model and kind on the main grid is newer:
+    DESIGN.md keeps the HTML of a GPU model's latest run. A quick or tensor-parallel sweep made
+    after the default grid's run keeps its page and leaves the default run's page alone; A/B
+    runs keep the newest page of each of their grids.
 
     Only the runs the history gate reads count (:func:`harness.compare.tracked_results`: those
     git tracks or would track): a run in a git-ignored scratch folder neither takes the newest
@@ -972,14 +975,15 @@ def prune(root: Path) -> tuple[list[Path], list[str], list[str]]:
         if key not in newest or results.created_utc > newest[key][0]:
             newest[key] = (results.created_utc, json_path.parent)
         model_kind = (key.gpu_model, key.kind)
-        if key.grid == main_grid(key.kind) and results.created_utc > main_newest.get(model_kind, ""):
+        if main_grid(key.kind) == key.grid and results.created_utc > main_newest.get(model_kind, ""):
             main_newest[model_kind] = results.created_utc
     changed, failures = [], []
     for key, json_path in runs:
         created, folder = newest[key]
         is_newest = json_path.parent == folder
+        main = main_grid(key.kind)
         superseded = (
-            key.grid != main_grid(key.kind) and main_newest.get((key.gpu_model, key.kind), "") > created
+            main is not None and key.grid != main and main_newest.get((key.gpu_model, key.kind), "") > created
         )
         if is_newest and not superseded:
             continue
@@ -1170,8 +1174,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         "--prune",
         metavar="DIR",
         help="compress results.json to results.json.gz and delete index.html of all but the newest run "
-        "per GPU model, kind and grid; of those, a run on another grid than the main one (default; a "
-        "parity run's all bundles) loses its page once a run on the main grid is newer",
+        "per GPU model, kind and grid; of those, a sweep or parity run on another grid than the main "
+        "one (the default sweep; parity on all bundles with --mutations) loses its page once a run on "
+        "the main grid is newer",
     )
     p.add_argument(
         "--scaling",

@@ -387,6 +387,23 @@ def kept_elsewhere(results: Results, why: str) -> str:
     return f"{why}; its results are kept in {kept} (render it there with `python -m harness report`)"
 
 
+def write_or_keep(path: Path, text: str) -> str:
+    """Write a command's record ``text`` to ``path`` atomically; "" when written, else the error
+    line to print: why not, and where the record is kept instead (:func:`unwritten_path`), or
+    that it could not be kept either."""
+    try:
+        atomic_write_text(path, text)
+        return ""
+    except OSError as e:
+        why = f"{path}: not written ({e.strerror or e})"
+    try:
+        kept = unwritten_path(path.name)
+        atomic_write_text(kept, text)
+    except OSError as e:
+        return f"{why}; nor could the record be kept elsewhere ({e.strerror or e})"
+    return f"{why}; the record is kept in {kept}"
+
+
 def keep_and_raise(
     results: Results, e: BaseException, what: str, error: type[Exception] = ResultsError
 ) -> NoReturn:

@@ -45,7 +45,10 @@ def test_a_cap_seen_late_and_violation_time_after_the_end_are_measured() -> None
     assert got["load_ms"] == 20.0 and got["readings"] == {"idle": 2, "during": 4, "after": 4}
     assert got["first_capped_reading_ms"] == 3.0
     assert got["first_power_violation_growth_ms"] == 6.0
-    assert got["power_violation_during_ms"] == 7.0 and got["power_violation_after_ms"] == 4.5
+    # 12.0 at the last reading during the load, 14.0 at the first begun after its end (which may
+    # hold the load's last moments), 16.5 read 10 ms after the end (late, whatever the load did)
+    assert got["power_violation_during_ms"] == 7.0
+    assert got["power_violation_at_end_ms"] == 2.0 and got["power_violation_after_ms"] == 2.5
     assert got["last_growth_after_end_ms"] == 10.0
     assert got["idle_capped_readings"] == 0 and got["idle_power_violation_ms"] == 0.0
     assert got["capped_readings"] == {"during": 2, "after": 0}
@@ -57,7 +60,19 @@ def test_a_load_never_capped_has_no_onset() -> None:
     got = analyse(_load(flat[:1], flat[1:3], flat[3:]))
     assert got["first_capped_reading_ms"] is None and got["first_power_violation_growth_ms"] is None
     assert got["power_violation_during_ms"] == 0.0 and got["power_violation_after_ms"] == 0.0
-    assert got["last_growth_after_end_ms"] is None
+    assert got["power_violation_at_end_ms"] == 0.0 and got["last_growth_after_end_ms"] is None
+
+
+def test_growth_across_the_end_alone_is_not_counted_late() -> None:
+    """A counter with no lag: the load's last moments reach the first reading begun after its
+    end, and nothing grows after that."""
+    idle = [_reading(-5, 0, 1.0)]
+    during = [_reading(0.5, POWER_CAP, 1.0), _reading(2.1, POWER_CAP, 2.6)]
+    after = [_reading(3.7, 0, 3.0), _reading(5.3, 0, 3.0), _reading(6.9, 0, 3.0)]
+    got = analyse(_load(idle, during, after, done_ms=3.0))
+    assert got["power_violation_at_end_ms"] == 0.4
+    assert got["power_violation_after_ms"] == 0.0 and got["last_growth_after_end_ms"] is None
+    assert summary([got])["after_share"] == 0.0
 
 
 def test_a_board_without_the_counter_gives_none_not_zero() -> None:
@@ -67,7 +82,11 @@ def test_a_board_without_the_counter_gives_none_not_zero() -> None:
     assert got["first_capped_reading_ms"] == 2.0
     assert got["first_power_violation_growth_ms"] is None
     assert got["power_violation_during_ms"] is None and got["power_violation_after_ms"] is None
-    assert got["idle_power_violation_ms"] is None
+    assert got["power_violation_at_end_ms"] is None and got["idle_power_violation_ms"] is None
+    board = summary([got])
+    assert board["power_violation_ms"] == {"during": None, "at_end": None, "after": None}
+    assert board["after_share"] is None and board["latest_first_growth_ms"] is None
+    assert board["capped_loads"] == 1
 
 
 @pytest.mark.parametrize("phase", ["idle", "during", "after"])
@@ -79,7 +98,11 @@ def test_a_phase_without_readings_is_an_error_naming_it(phase) -> None:
 
 def test_the_summary_leaves_out_loads_started_on_a_capped_or_counting_gpu() -> None:
     late = analyse(
-        _load([_reading(-5)], [_reading(4, POWER_CAP, 0.0), _reading(15, 0, 6.0)], [_reading(30, 0, 8.0)])
+        _load(
+            [_reading(-5)],
+            [_reading(4, POWER_CAP, 0.0), _reading(15, 0, 6.0)],
+            [_reading(21, 0, 7.0), _reading(30, 0, 8.0)],
+        )
     )
     capped_idle = analyse(
         _load(
@@ -91,7 +114,8 @@ def test_the_summary_leaves_out_loads_started_on_a_capped_or_counting_gpu() -> N
     got = summary([late, capped_idle])
     assert got["loads"] == 2 and got["loads_from_uncapped_idle"] == 1 and got["capped_loads"] == 1
     assert got["latest_first_growth_ms"] == 15.0 and got["latest_growth_after_end_ms"] == 10.0
-    assert got["power_violation_ms"] == {"during": 6.0, "after": 2.0} and got["after_share"] == 0.25
+    assert got["power_violation_ms"] == {"during": 6.0, "at_end": 1.0, "after": 1.0}
+    assert got["after_share"] == 0.125
     assert summary([])["after_share"] is None
 
 

@@ -628,12 +628,19 @@ def test_prune_gives_a_newer_main_grid_run_the_pages_of_other_grids_not_their_re
     parity_some = run("e", "10-05", " --bundles b1", source=PARITY)
     default = run("f", "11-01", "")
     later_short = run("g", "11-02", " --grid short --gpus 2")
+    # A/B runs have no main grid: a later one on the default grid takes no other A/B's page.
+    ab_old = run("h", "10-06", " --grid quick")
+    ab_new = run("i", "11-03", " --base-define VA_SMALL_SHAPE=32 --grid default")
+    for ab in (ab_old, ab_new):
+        doc = json.loads((ab / "results.json").read_text())
+        (ab / "results.json").write_text(json.dumps(doc | {"kind": "ab"}))
     changed, warnings, failures = prune(tmp_path)
     assert warnings == [] == failures
     assert changed == [quick / "index.html", tp / "index.html", narrowed / "index.html"]
     for r in (quick, tp, narrowed):
         assert (r / "results.json").exists() and not (r / "results.json.gz").exists()
-    assert all((r / "index.html").exists() for r in (other_gpu_quick, parity_some, default, later_short))
+    kept = (other_gpu_quick, parity_some, default, later_short, ab_old, ab_new)
+    assert all((r / "index.html").exists() and (r / "results.json").exists() for r in kept)
     assert prune(tmp_path) == ([], [], [])
 
 

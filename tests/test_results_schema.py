@@ -262,3 +262,26 @@ def test_a_run_of_tensor_parallel_rank_rows_only_renders(tmp_path: Path) -> None
     path = _write(tmp_path, SWEEP, ranks_only)
     assert cli_main(["report", str(path)]) == 0
     assert (path.parent / "index.html").is_file()
+
+
+def test_a_record_that_cannot_be_written_where_asked_is_kept_elsewhere_or_said_lost(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """mma-peak's and nvml-lag's records (harness.results.write_or_keep): written atomically, or
+    kept in a folder of their own with the error naming both places, or an error saying neither
+    could be written; never a traceback that loses the run."""
+    import harness.results as results
+
+    out = tmp_path / "run" / "nvml-lag.json"
+    assert results.write_or_keep(out, "{}\n") == "" and out.read_text() == "{}\n"
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    kept_in = tmp_path / "kept"
+    monkeypatch.setattr(results, "unwritten_path", lambda name: kept_in / name)
+    said = results.write_or_keep(blocked / "nvml-lag.json", '{"a": 1}\n')
+    assert said.startswith(f"{blocked / 'nvml-lag.json'}: not written (")
+    assert said.endswith(f"the record is kept in {kept_in / 'nvml-lag.json'}")
+    assert (kept_in / "nvml-lag.json").read_text() == '{"a": 1}\n'
+    monkeypatch.setattr(results, "unwritten_path", lambda name: blocked / "kept" / name)
+    said = results.write_or_keep(blocked / "nvml-lag.json", "{}\n")
+    assert "not written (" in said and "nor could the record be kept elsewhere (" in said
