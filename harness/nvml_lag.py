@@ -161,8 +161,10 @@ def _taken(poller: Poller) -> list[Reading]:
 
 
 def _read_for(poller: Poller, seconds: float) -> list[Reading]:
+    """Readings for ``seconds``, at least one."""
     poller.clear()
     stop = time.monotonic() + seconds
+    poller.read()
     while time.monotonic() < stop:
         poller.read()
     return _taken(poller)
@@ -195,6 +197,7 @@ def run_loads(
         for _ in range(n):
             torch.mm(a, a, out=b)
         done.record()
+        poller.read()  # at least one reading while the load runs (it may end before the next)
         while not done.query():
             poller.read()
         t_done = time.monotonic()

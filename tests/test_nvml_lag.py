@@ -186,3 +186,38 @@ def test_the_command_runs_on_this_gpu(tmp_path, capsys) -> None:
         assert all(n >= 1 for n in x["readings"].values())
     assert record["summary"]["loads"] == 2
     assert "nvml-lag: {" in capsys.readouterr().out
+
+
+def test_each_load_is_read_before_while_and_after_it_runs(monkeypatch) -> None:
+    """run_loads on the CPU, with torch.cuda's synchronize and events stood in for and a poller
+    that counts its reads: every phase of every load has a reading, even a load done before the
+    first query and phases shorter than a reading; the loads' lengths set their matmul counts."""
+    import torch
+
+    class Done:
+        def record(self) -> None:
+            pass
+
+        def query(self) -> bool:
+            return True
+
+    class Counting:
+        def __init__(self) -> None:
+            self.readings: list[Reading] = []
+            self.failed = ""
+
+        def clear(self) -> None:
+            self.readings = []
+
+        def read(self) -> None:
+            self.readings.append(_reading(0.0))
+
+    monkeypatch.setattr(nvml_lag, "MATMUL_N", 32)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "Event", Done)
+    matmul_ms, loads = nvml_lag.run_loads(torch.device("cpu"), Counting(), (1.0, 50.0), 1e-9, 1e-9)
+    assert matmul_ms > 0 and [x.asked_ms for x in loads] == [1.0, 50.0]
+    assert loads[0].matmuls >= 1 and loads[1].matmuls > loads[0].matmuls
+    for x in loads:
+        assert x.idle and x.during and x.after and x.t_launch <= x.t_done
+        analyse(x)
