@@ -25,15 +25,14 @@ import argparse
 import hashlib
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from harness import box_record
 from harness.cli import positive_number, shown
 
 SOURCE = Path(__file__).with_name("mma_peak.cu")
@@ -161,42 +160,15 @@ def best_run(runs: list[dict[str, Any]], mode: int | None = None) -> Best:
     return Best(float(top["tflops"]), float(top["of_matmul"]), top)
 
 
-# A bring-up's folder (its record beside): its mma-peak step may run again there, and replaces
-# the step's record as a bring-up rerun replaces every step it runs (harness/bringup.py).
-BRINGUP_RECORD = "bringup.json"
-
-
 def check_no_record(out: str | None, name: str = OUTPUT_FILE) -> None:
-    """An ``--out`` that already holds a record ``name`` (mma-peak's, or another box measurement's
-    that a bring-up writes into its folder) is refused (ValueError): this run would replace it.
-    A bring-up's folder is the exception (its rerun replaces its steps' records)."""
-    if not out or not Path(out).is_dir():
-        return
-    held = Path(out) / name
-    if (held.exists() or held.is_symlink()) and not (Path(out) / BRINGUP_RECORD).is_file():
-        raise ValueError(
-            f"--out {out} already holds {name}, which this run would replace; expected a "
-            "new folder: pick another"
-        )
+    """:func:`harness.box_record.check_no_record` for mma-peak's record."""
+    box_record.check_no_record(out, name)
 
 
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    from harness.env import environment, git_info
-    from harness.results import run_folder, write_or_keep
-
-    if not torch.cuda.is_available():
-        print("error: mma-peak: no CUDA device is visible to torch", file=sys.stderr)
-        return 2
-    from harness.cli import check_run_out_dir
-    from harness.results import REPORTS_DIR
-
-    try:
-        check_run_out_dir(args.out, REPORTS_DIR)
-        check_no_record(args.out)
-    except ValueError as e:  # before the build and the run, so that a bad --out costs neither
-        print(f"error: mma-peak: {e}", file=sys.stderr)
+    if box_record.refused("mma-peak", args.out, OUTPUT_FILE):  # before the build and the run
         return 2
     device = torch.device("cuda", torch.cuda.current_device())
     props = torch.cuda.get_device_properties(device)
@@ -221,20 +193,8 @@ def main(args: argparse.Namespace) -> int:
     except MmaPeakError as e:
         print(f"error: mma-peak: {e}", file=sys.stderr)
         return 1
-    git = git_info()
-    out_dir = (
-        Path(args.out)
-        if args.out
-        else run_folder("mma-peak", props.name, git.get("sha"), datetime.now(timezone.utc))
-    )
     best = best_run(runs)
-    record = {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
-        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([Path(sys.executable).name, "-m", "harness", *sys.argv[1:]]),
-        "git": git,
-        "environment": environment(device),
+    body = {
         "arch": f"sm_{arch}",
         "matmul_tflops": matmul,
         "matmul_source": source,
@@ -243,10 +203,8 @@ def main(args: argparse.Namespace) -> int:
         "best": {"tflops": best.tflops, "of_matmul": best.of_matmul, "run": best.run},
         "best_by_mode": {str(m): vars(best_run(runs, m)) for m in sorted({r["mode"] for r in runs})},
     }
-    text = json.dumps(record, indent=1) + "\n"
-    failed = write_or_keep(out_dir / OUTPUT_FILE, text)
-    if failed:  # the folder was checked before the run; it may have filled up since
-        print(f"error: {failed}", file=sys.stderr)
+    path = box_record.write("mma-peak", args.out, OUTPUT_FILE, (SCHEMA, SCHEMA_VERSION), device, body)
+    if path is None:
         return 2
     print(f"{'mode':>4} {'acc':>3} {'warps':>5} {'ctas/SM':>7} {'TFLOP/s':>8} {'of matmul':>9}")
     for r in runs:
@@ -254,9 +212,7 @@ def main(args: argparse.Namespace) -> int:
             f"{r['mode']:>4} {r['acc']:>3} {r['warps_per_cta']:>5} {r['ctas_per_sm']:>7} "
             f"{r['tflops']:>8.1f} {r['of_matmul']:>9.3f}"
         )
-    print(
-        f"best {best.tflops:.1f} TFLOP/s, {100 * best.of_matmul:.1f} % of the matmul -> {shown(out_dir / OUTPUT_FILE)}"
-    )
+    print(f"best {best.tflops:.1f} TFLOP/s, {100 * best.of_matmul:.1f} % of the matmul -> {shown(path)}")
     return 0
 
 

@@ -31,14 +31,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
+from harness import box_record
 from harness.cli import positive_number, shown
 from harness.nvml import Poller, Reading
 
@@ -221,19 +219,7 @@ def loads_list(text: str) -> tuple[float, ...]:
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    from harness.cli import check_run_out_dir
-    from harness.env import environment, git_info
-    from harness.mma_peak import check_no_record
-    from harness.results import REPORTS_DIR, run_folder, write_or_keep
-
-    if not torch.cuda.is_available():
-        print("error: nvml-lag: no CUDA device is visible to torch", file=sys.stderr)
-        return 2
-    try:
-        check_run_out_dir(args.out, REPORTS_DIR)
-        check_no_record(args.out, OUTPUT_FILE)
-    except ValueError as e:
-        print(f"error: nvml-lag: {e}", file=sys.stderr)
+    if box_record.refused("nvml-lag", args.out, OUTPUT_FILE):
         return 2
     device = torch.device("cuda", torch.cuda.current_device())
     poller, why = Poller.of(device)
@@ -248,29 +234,15 @@ def main(args: argparse.Namespace) -> int:
     except (RuntimeError, ValueError) as e:
         print(f"error: nvml-lag: {e}", file=sys.stderr)
         return 1
-    git = git_info()
-    out_dir = (
-        Path(args.out)
-        if args.out
-        else run_folder("nvml-lag", name, git.get("sha"), datetime.now(timezone.utc))
-    )
-    record = {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
-        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([Path(sys.executable).name, "-m", "harness", *sys.argv[1:]]),
-        "git": git,
-        "environment": environment(device),
+    body = {
         "matmul": {"n": MATMUL_N, "ms": round(matmul_ms, 4)},
         "idle_s": args.idle,
         "tail_s": args.tail,
         "loads": measured,
         "summary": summary(measured),
     }
-    text = json.dumps(record, indent=1) + "\n"
-    failed = write_or_keep(out_dir / OUTPUT_FILE, text)
-    if failed:  # the folder was checked before the run; it may have filled up since
-        print(f"error: {failed}", file=sys.stderr)
+    path = box_record.write("nvml-lag", args.out, OUTPUT_FILE, (SCHEMA, SCHEMA_VERSION), device, body)
+    if path is None:
         return 2
     for x in measured:
         print(
@@ -279,7 +251,7 @@ def main(args: argparse.Namespace) -> int:
             f"+ {x['power_violation_at_end_ms']} ms across the end + {x['power_violation_after_ms']} ms after "
             f"(last growth {x['last_growth_after_end_ms']} ms after the end)"
         )
-    print(f"nvml-lag: {json.dumps(record['summary'])} -> {shown(out_dir / OUTPUT_FILE)}")
+    print(f"nvml-lag: {json.dumps(body['summary'])} -> {shown(path)}")
     return 0
 
 

@@ -13,8 +13,8 @@ import json
 import pytest
 
 from harness import bringup, nvml_lag
+from harness.box_record import check_no_record
 from harness.cli import main as cli_main
-from harness.mma_peak import check_no_record
 from harness.nvml import Reading
 from harness.nvml_lag import Load, analyse, loads_list, summary
 
