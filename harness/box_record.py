@@ -64,8 +64,9 @@ def write(
     git = git_info()
     now = datetime.now(timezone.utc)
     env = environment(device)
-    gpu = (env.get("gpu") or {}).get("name") if isinstance(env.get("gpu"), dict) else None
-    folder = Path(out) if out else run_folder(command, gpu, git.get("sha"), now)
+    folder = (
+        Path(out) if out else run_folder(command, (env.get("gpu") or {}).get("name"), git.get("sha"), now)
+    )
     record = {
         "schema": head[0],
         "schema_version": head[1],

@@ -927,10 +927,6 @@ def _run_files(root: Path) -> list[Path]:
 MAIN_GRIDS = {"sweep": "default", "parity": "all-bundles"}
 
 
-def main_grid(kind: str) -> str | None:
-    return MAIN_GRIDS.get(kind)
-
-
 def prune(root: Path) -> tuple[list[Path], list[str], list[str]]:
     """Compress the ``results.json`` of every run under ``root`` but the newest per (GPU model,
     kind, grid), the key the history gate groups runs by (:func:`harness.compare.run_key`), to
@@ -975,13 +971,13 @@ def prune(root: Path) -> tuple[list[Path], list[str], list[str]]:
         if key not in newest or results.created_utc > newest[key][0]:
             newest[key] = (results.created_utc, json_path.parent)
         model_kind = (key.gpu_model, key.kind)
-        if main_grid(key.kind) == key.grid and results.created_utc > main_newest.get(model_kind, ""):
+        if MAIN_GRIDS.get(key.kind) == key.grid and results.created_utc > main_newest.get(model_kind, ""):
             main_newest[model_kind] = results.created_utc
     changed, failures = [], []
     for key, json_path in runs:
         created, folder = newest[key]
         is_newest = json_path.parent == folder
-        main = main_grid(key.kind)
+        main = MAIN_GRIDS.get(key.kind)
         superseded = (
             main is not None and key.grid != main and main_newest.get((key.gpu_model, key.kind), "") > created
         )
