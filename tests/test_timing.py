@@ -763,9 +763,16 @@ def test_a_monitored_measure_places_every_sample_within_its_own_run_in_time_orde
     assert t.spans is not None and len(t.spans) == len(t.samples_ms) == 30
     assert all(began < start < end < ended for start, end in t.spans)
     assert all(prev[1] <= nxt[0] for prev, nxt in zip(t.spans, t.spans[1:], strict=False))
-    # each span is the sample's own length: both come from the same events
-    for (start, end), ms in zip(t.spans, t.samples_ms, strict=True):
-        assert (end - start) * 1e3 == pytest.approx(ms, rel=1e-3, abs=1e-3)
+    # each span holds its sample whole: the sample's own length (both come from the same events)
+    # plus the time the host took to see the batch's anchor event run on the idle GPU (its start
+    # placed from the read before the anchor's record, its end from the read after its wait), which
+    # is the same for every sample of a batch and well under a millisecond on an idle GPU
+    excess_ms = [(end - start) * 1e3 - ms for (start, end), ms in zip(t.spans, t.samples_ms, strict=True)]
+    assert all(-1e-3 < x < 5.0 for x in excess_ms), excess_ms
+    # 30 samples are two batches (the pilot's, then the rest): at most two values of the excess,
+    # each read within the events' resolution
+    ordered = sorted(excess_ms)
+    assert sum(b - a > 5e-3 for a, b in zip(ordered, ordered[1:], strict=False)) <= 1, ordered
     # the batches' readings: one before and one after each, more while it ran
     assert poller.failed == "" and len(poller.readings) >= 4
     assert all(0 <= i < 30 for i in nvml.flag_samples(t.spans, poller.readings))
