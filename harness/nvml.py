@@ -184,15 +184,21 @@ def snapshot(device: torch.device | str = "cuda") -> tuple[dict[str, Any] | None
 # ---------------------------------------------------------------------------------------------
 # Per sample
 
-# How long the host sleeps between two readings while a batch of samples runs. A reading (three
-# NVML queries) took 1.6 ms on an H100, whose power violation time moved at every reading: the
-# reading's own cost bounds what a flag resolves (README, "Choices made where the design was
-# silent").
+# How long the host sleeps between two readings while a batch of samples runs. A reading of three
+# NVML queries took 1.6 ms on an H100, whose power violation time moved at every reading (the SM
+# clock, a fourth query since, was not timed apart): the reading's own cost bounds what a flag
+# resolves (README, "Choices made where the design was silent").
 POLL_INTERVAL_S = 0.0005
 # Each sample's host-time span is widened by this much on both sides before its nearest readings
 # are taken: the span is placed from an event the GPU runs a few microseconds after the host
 # reads its clock (harness/timing.py, Sampler.samples).
 SPAN_MARGIN_S = 0.00005
+# A cap flags a sample only where NVML's SM clock in the sample's window reads below this share
+# of the board's maximum. NVML keeps a cap reason set, and its power violation time growing, for
+# hundreds of milliseconds after the clock is back within 1 % of its maximum (an H100 at its
+# 700 W cap; kernel/NOTES.md, "Measured next: the SM clock a kernel gets after a load"), and a
+# sample at 98 % of the clock is at most ~2 % slower, under the history gate's 3 %.
+CLOCK_LOWERED_BELOW = 0.98
 _BENIGN_MASK = sum(bit for bit, name in THROTTLE_REASON_BITS.items() if name in BENIGN_REASONS)
 
 
@@ -200,14 +206,15 @@ _BENIGN_MASK = sum(bit for bit, name in THROTTLE_REASON_BITS.items() if name in 
 class Reading:
     """One NVML reading of a GPU: the host's ``time.monotonic()`` before its first query and
     after its last (a reading's values were observed somewhere between the two), the
-    clock-event reason bits, and the cumulative power and thermal violation times (ns; None
-    where the board does not say)."""
+    clock-event reason bits, the cumulative power and thermal violation times (ns), and the SM
+    clock (MHz; each None where the board does not say)."""
 
     t: float
     t_end: float
     reasons: int
     power_ns: int | None
     thermal_ns: int | None
+    sm_mhz: int | None = None
 
     @property
     def capped(self) -> bool:
@@ -216,15 +223,17 @@ class Reading:
 
 
 class Poller:
-    """Reads one GPU's clock-event reasons and violation counters on each :meth:`read`, with the
-    host's monotonic time, into ``readings`` (:meth:`clear` empties it): three NVML queries, none
-    of a snapshot's other fields, read while samples run.
+    """Reads one GPU's clock-event reasons, violation counters and SM clock on each
+    :meth:`read`, with the host's monotonic time, into ``readings`` (:meth:`clear` empties it):
+    four NVML queries, none of a snapshot's other fields, read while samples run.
+    ``max_sm_mhz`` is the board's maximum SM clock (None where NVML does not say).
     A query that fails ends the readings (``failed`` says why); the samples are then not flagged."""
 
     def __init__(self, pynvml: Any, handle: Any) -> None:
         self._pynvml = pynvml
         self._handle = handle
         self._get_reasons = _reasons_reader(pynvml)
+        self.max_sm_mhz = _clock_mhz(pynvml, handle, "nvmlDeviceGetMaxClockInfo")
         self.readings: list[Reading] = []
         self.failed = ""
 
@@ -247,17 +256,36 @@ class Poller:
             reasons = int(self._get_reasons(h))
             power = _violation_ns(p, h, "NVML_PERF_POLICY_POWER")
             thermal = _violation_ns(p, h, "NVML_PERF_POLICY_THERMAL")
+            sm = _clock_mhz(p, h, "nvmlDeviceGetClockInfo")
         except Exception as e:  # context for a run, never a reason to stop it
             self.failed = f"NVML query failed: {type(e).__name__}: {e}"
             return
         first = self.readings[0] if self.readings else None
         if first is not None and (
-            (first.power_ns is None) != (power is None) or (first.thermal_ns is None) != (thermal is None)
+            (first.power_ns is None) != (power is None)
+            or (first.thermal_ns is None) != (thermal is None)
+            or (first.sm_mhz is None) != (sm is None)
         ):
-            # a counter that comes and goes would let a window's edge skip its growth
-            self.failed = "NVML's violation times were readable in some readings and not in others"
+            # a counter that comes and goes would let a window's edge skip its growth, and a
+            # clock that does would let a window miss its lowest reading
+            self.failed = (
+                "NVML's violation times or SM clock were readable in some readings and not in others"
+            )
             return
-        self.readings.append(Reading(t, time.monotonic(), reasons, power, thermal))
+        self.readings.append(Reading(t, time.monotonic(), reasons, power, thermal, sm))
+
+
+def _clock_mhz(pynvml: Any, handle: Any, getter: str) -> int | None:
+    """The SM clock (MHz) that NVML's ``getter`` (the current or the maximum one) gives; None
+    where the board or the bindings do not say."""
+    read, which = getattr(pynvml, getter, None), getattr(pynvml, "NVML_CLOCK_SM", None)
+    if read is None or which is None:
+        return None
+    try:
+        value = read(handle, which)
+    except pynvml.NVMLError:
+        return None
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 def _grew(first: int | None, last: int | None) -> bool:
@@ -265,14 +293,20 @@ def _grew(first: int | None, last: int | None) -> bool:
 
 
 def flag_samples(
-    spans: Sequence[tuple[float, float]], readings: Sequence[Reading], margin_s: float = SPAN_MARGIN_S
+    spans: Sequence[tuple[float, float]],
+    readings: Sequence[Reading],
+    margin_s: float = SPAN_MARGIN_S,
+    max_sm_mhz: int | None = None,
 ) -> list[int]:
     """Indices of the samples that may have run capped: those whose readings, from the last one
     finished before the sample's start to the first one begun after its end (its host-time span
     widened by ``margin_s``; the first or last reading where none lies beyond it), include one
     with a clock-lowering reason, or across which the power or thermal violation time grew. A
     reading in flight at either end is inside the window, not its edge: its values may have
-    been observed during the sample.
+    been observed during the sample. Given the board's ``max_sm_mhz`` and readings that carry
+    the SM clock, such a window flags its sample only where one of its readings has the clock
+    below ``CLOCK_LOWERED_BELOW`` of that maximum: NVML reports a cap for hundreds of
+    milliseconds after the clock is back (``CLOCK_LOWERED_BELOW``'s comment).
 
     ``spans`` are (start, end) in ``time.monotonic()`` seconds, one per sample; ``readings`` in
     the order taken. ValueError without readings, or with readings out of time order."""
@@ -285,15 +319,24 @@ def flag_samples(
     capped_before = [0]
     for r in readings:
         capped_before.append(capped_before[-1] + r.capped)
+    # lowered_before[i]: readings[0..i) with the SM clock below the line; no line where the
+    # maximum or any reading's clock is unknown (the cap alone then flags, as it always did)
+    line = None
+    if max_sm_mhz is not None and all(r.sm_mhz is not None for r in readings):
+        line = CLOCK_LOWERED_BELOW * max_sm_mhz
+    lowered_before = [0]
+    for r in readings:
+        lowered_before.append(lowered_before[-1] + (line is not None and r.sm_mhz < line))
     flagged = []
     for i, (start, end) in enumerate(spans):
         lo = max(bisect.bisect_right(ends, start - margin_s) - 1, 0)
         hi = min(bisect.bisect_left(starts, end + margin_s), len(readings) - 1)
         first, last = readings[lo], readings[hi]
-        if (
+        capped = (
             capped_before[hi + 1] > capped_before[lo]
             or _grew(first.power_ns, last.power_ns)
             or _grew(first.thermal_ns, last.thermal_ns)
-        ):
+        )
+        if capped and (line is None or lowered_before[hi + 1] > lowered_before[lo]):
             flagged.append(i)
     return flagged

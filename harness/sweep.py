@@ -586,7 +586,7 @@ def sample_flags(t: Timing, poller: nvml.Poller | None) -> list[int] | None:
     queries failed or read nothing."""
     if poller is None or t.spans is None or poller.failed or not poller.readings:
         return None
-    return nvml.flag_samples(t.spans, poller.readings)
+    return nvml.flag_samples(t.spans, poller.readings, max_sm_mhz=poller.max_sm_mhz)
 
 
 def _time_impl(

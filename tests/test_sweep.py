@@ -431,9 +431,15 @@ def test_samples_are_flagged_only_where_a_poller_read_them() -> None:
 
     class Poller:
         failed = ""
+        max_sm_mhz = None
         readings = [nvml.Reading(t, t, mask, 0, 0) for t, mask in ((0.0, 0), (1.0, 0x4), (2.0, 0))]
 
     assert sweep.sample_flags(t, Poller()) == [0, 1]
+    # the board's maximum clock reaches the flags: a cap read at the maximum clock flags nothing
+    at_max = Poller()
+    at_max.max_sm_mhz = 1980
+    at_max.readings = [nvml.Reading(r.t, r.t_end, r.reasons, 0, 0, 1980) for r in Poller.readings]
+    assert sweep.sample_flags(t, at_max) == []
     assert sweep.sample_flags(_timing_of([1.0, 1.0], None), Poller()) is None  # the CPU: no spans
     assert sweep.sample_flags(t, None) is None
     broken = Poller()
@@ -552,6 +558,7 @@ def test_a_sweep_reads_its_poller_per_row_and_keeps_each_rows_flagged_samples(
     class FakePoller:
         cleared = 0
         failed = ""
+        max_sm_mhz = None
         readings: list = []
 
         def clear(self) -> None:

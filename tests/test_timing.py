@@ -445,9 +445,14 @@ def test_nvml_snapshot_off_cuda_returns_none_with_a_reason() -> None:
 
 
 def _reading(
-    t: float, reasons: int = 0, power: int | None = 0, thermal: int | None = 0, took: float = 0.0
+    t: float,
+    reasons: int = 0,
+    power: int | None = 0,
+    thermal: int | None = 0,
+    took: float = 0.0,
+    sm: int | None = None,
 ) -> nvml.Reading:
-    return nvml.Reading(t, t + took, reasons, power, thermal)
+    return nvml.Reading(t, t + took, reasons, power, thermal, sm)
 
 
 def test_a_sample_is_flagged_by_a_capped_reading_between_its_nearest_readings() -> None:
@@ -508,6 +513,28 @@ def test_a_reading_in_flight_at_a_samples_edge_is_inside_its_window() -> None:
     assert nvml.flag_samples([(1.0, 2.0)], clean, margin_s=0.0) == []
 
 
+def test_a_cap_flags_a_sample_only_where_the_sm_clock_read_in_its_window_is_lowered() -> None:
+    """A cap reason read at t=1 to 3 (0x4) and the power violation time growing to t=3, as NVML
+    reports for hundreds of milliseconds after a load. With the board's maximum known (1980 MHz),
+    a window flags its sample only where a reading's clock is under 98 % of it (1940.4 MHz):
+    1965 is not, 1935 is. Without the maximum, or with a reading whose clock is unknown, the cap
+    alone flags, as before the clock was read."""
+    clocks = [1980, 1500, 1935, 1965, 1980]
+    readings = [
+        _reading(float(t), 0x4 if 1 <= t <= 3 else 0, power=10 * min(t, 3), sm=clocks[t]) for t in range(5)
+    ]
+    spans = [(0.2, 0.8), (1.2, 1.8), (2.2, 2.8), (3.2, 3.8)]
+    assert nvml.flag_samples(spans, readings, margin_s=0.0) == [0, 1, 2, 3]
+    assert nvml.flag_samples(spans, readings, margin_s=0.0, max_sm_mhz=1980) == [0, 1, 2]
+    calm = [_reading(float(t), 0x4, power=10 * t, sm=1965) for t in range(3)]
+    assert nvml.flag_samples([(0.2, 0.8), (1.2, 1.8)], calm, margin_s=0.0, max_sm_mhz=1980) == []
+    # a lowered clock without a cap reason or a violation time's growth flags nothing
+    slow = [_reading(float(t), 0, power=0, sm=1400) for t in range(3)]
+    assert nvml.flag_samples([(0.2, 0.8)], slow, margin_s=0.0, max_sm_mhz=1980) == []
+    unknown = [*calm[:2], _reading(2.0, 0x4, power=20, sm=None)]
+    assert nvml.flag_samples([(0.2, 0.8)], unknown, margin_s=0.0, max_sm_mhz=1980) == [0]
+
+
 def test_flag_samples_refuses_no_readings_and_readings_out_of_order() -> None:
     with pytest.raises(ValueError, match="readings is empty"):
         nvml.flag_samples([(0.0, 1.0)], [])
@@ -526,7 +553,8 @@ def test_the_poller_reads_reasons_and_violation_times_with_the_host_clock() -> N
     assert len(poller.readings) == 2 and poller.failed == ""
     r = poller.readings[0]
     assert before <= r.t <= poller.readings[1].t <= time.monotonic()
-    assert (r.reasons, r.power_ns, r.thermal_ns, r.capped) == (0x4, 4_500_000, None, True)
+    assert (r.reasons, r.power_ns, r.thermal_ns, r.sm_mhz, r.capped) == (0x4, 4_500_000, None, 1755, True)
+    assert poller.max_sm_mhz == 1980
     poller.clear()
     assert poller.readings == []
 
@@ -567,6 +595,35 @@ def test_a_poller_stops_on_any_failing_query_and_on_a_counter_that_comes_and_goe
     poller.read()
     poller.read()
     assert len(poller.readings) == 1 and "some readings and not in others" in poller.failed
+
+    class FlakyClock(_FakeNvml):
+        calls = 0
+
+        def nvmlDeviceGetClockInfo(self, h, which):
+            FlakyClock.calls += 1
+            if FlakyClock.calls == 2:
+                raise self.NVMLError("Timeout")
+            return super().nvmlDeviceGetClockInfo(h, which)
+
+    poller = nvml.Poller(FlakyClock(), handle=None)
+    poller.read()
+    poller.read()
+    assert len(poller.readings) == 1 and "SM clock" in poller.failed
+
+
+def test_a_poller_on_a_board_without_clocks_reads_none_and_keeps_reading() -> None:
+    class NoClocks(_FakeNvml):
+        def nvmlDeviceGetClockInfo(self, h, which):
+            raise self.NVMLError("Not Supported")
+
+        def nvmlDeviceGetMaxClockInfo(self, h, which):
+            raise self.NVMLError("Not Supported")
+
+    poller = nvml.Poller(NoClocks(), handle=None)
+    poller.read()
+    poller.read()
+    assert poller.failed == "" and poller.max_sm_mhz is None
+    assert [r.sm_mhz for r in poller.readings] == [None, None]
 
 
 def test_a_poller_off_cuda_is_none_with_a_reason() -> None:
