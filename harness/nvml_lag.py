@@ -15,7 +15,11 @@ violation times) in a loop before, during and after each, and records per load:
   it, which may have taken its values before the end, to the first begun after it), and after
   its end (between readings begun after it: what a window around the load would miss), and when
   the last growth after the end was read;
-* the idle GPU's own readings (a GPU already capped at idle leaves the onset unmeasured).
+* the idle GPU's own readings (a GPU already capped at idle leaves the onset unmeasured);
+* where NVML gives the SM clock (a reading's fourth query) and the board's maximum: the lowest
+  clock read during the load and after it, when the last reading after the end with the clock
+  under ``CLOCK_LOWERED_BELOW`` of the maximum was taken, and how many readings after the end
+  showed a cap reason at a clock above that line (the ones ``flag_samples`` no longer counts).
 
     python -m harness nvml-lag [--loads MS,MS,...] [--idle S] [--tail S] [--out DIR]
 
@@ -38,7 +42,7 @@ from typing import Any
 
 from harness import box_record
 from harness.cli import positive_number, shown
-from harness.nvml import Poller, Reading
+from harness.nvml import CLOCK_LOWERED_BELOW, Poller, Reading
 
 OUTPUT_FILE = "nvml-lag.json"
 SCHEMA = "verify-attention/nvml-lag"
@@ -72,9 +76,32 @@ def _grown_ms(first: int | None, last: int | None) -> float | None:
     return None if first is None or last is None else round((last - first) / 1e6, 4)
 
 
-def analyse(load: Load) -> dict[str, Any]:
-    """What the readings say of one load (module docstring). Raises ValueError when a phase has
-    no reading (nothing to measure against)."""
+def _lowest(readings: list[Reading]) -> int | None:
+    clocks = [r.sm_mhz for r in readings if r.sm_mhz is not None]
+    return min(clocks) if clocks else None
+
+
+def _clock(load: Load, max_sm_mhz: int | None) -> dict[str, Any]:
+    """The SM clock's fields of :func:`analyse` (module docstring); None where it is unknown."""
+    lowest = {"during": _lowest(load.during), "after": _lowest(load.after)}
+    known = max_sm_mhz is not None and all(r.sm_mhz is not None for r in load.after)
+    line = CLOCK_LOWERED_BELOW * max_sm_mhz if known else None
+    last_lowered = None
+    if line is not None:
+        last_lowered = next((r.t - load.t_done for r in reversed(load.after) if r.sm_mhz < line), None)
+    return {
+        "lowest_sm_mhz": lowest,
+        "last_lowered_clock_after_end_ms": _ms(last_lowered),
+        "capped_readings_after_at_full_clock": (
+            None if line is None else sum(1 for r in load.after if r.capped and r.sm_mhz >= line)
+        ),
+    }
+
+
+def analyse(load: Load, max_sm_mhz: int | None = None) -> dict[str, Any]:
+    """What the readings say of one load (module docstring); ``max_sm_mhz`` is the board's
+    maximum SM clock (None where NVML does not give it). Raises ValueError when a phase has no
+    reading (nothing to measure against)."""
     for phase in ("idle", "during", "after"):
         if not getattr(load, phase):
             raise ValueError(f"the load of {load.asked_ms} ms has no {phase} reading")
@@ -116,6 +143,7 @@ def analyse(load: Load) -> dict[str, Any]:
             "after": sum(r.capped for r in load.after),
         },
         "reason_masks": sorted({hex(r.reasons) for r in (*load.idle, *seen)}),
+        **_clock(load, max_sm_mhz),
     }
 
 
@@ -128,7 +156,9 @@ def summary(loads: list[dict[str, Any]]) -> dict[str, Any]:
     """Over the loads measured from an uncapped idle GPU: the latest first growth of the power
     violation time, the latest growth read after a load's end, the violation time read during
     the loads, across their ends and after them, and the share of it that came after (None
-    where the board has no violation counter)."""
+    where the board has no violation counter); and the latest reading after an end with the SM
+    clock lowered, and the readings after the ends capped at a full clock (None where NVML gives
+    no clock)."""
     clean = [x for x in loads if x["idle_capped_readings"] == 0 and x["idle_power_violation_ms"] in (0, None)]
     firsts = [
         x["first_power_violation_growth_ms"]
@@ -136,6 +166,16 @@ def summary(loads: list[dict[str, Any]]) -> dict[str, Any]:
         if x["first_power_violation_growth_ms"] is not None
     ]
     lasts = [x["last_growth_after_end_ms"] for x in clean if x["last_growth_after_end_ms"] is not None]
+    lowered = [
+        x["last_lowered_clock_after_end_ms"]
+        for x in clean
+        if x.get("last_lowered_clock_after_end_ms") is not None
+    ]
+    at_full = [
+        x["capped_readings_after_at_full_clock"]
+        for x in clean
+        if x.get("capped_readings_after_at_full_clock") is not None
+    ]
     during, at_end, after = (
         _total(clean, f"power_violation_{phase}_ms") for phase in ("during", "at_end", "after")
     )
@@ -148,6 +188,8 @@ def summary(loads: list[dict[str, Any]]) -> dict[str, Any]:
         "latest_growth_after_end_ms": max(lasts) if lasts else None,
         "power_violation_ms": {"during": during, "at_end": at_end, "after": after},
         "after_share": round(after / whole, 4) if whole and after is not None else None,
+        "latest_lowered_clock_after_end_ms": max(lowered) if lowered else None,
+        "capped_readings_after_at_full_clock": sum(at_full) if at_full else None,
     }
 
 
@@ -230,12 +272,13 @@ def main(args: argparse.Namespace) -> int:
     print(f"nvml-lag: {name}, loads {', '.join(f'{x:g}' for x in args.loads)} ms", flush=True)
     try:
         matmul_ms, loads = run_loads(device, poller, args.loads, args.idle, args.tail)
-        measured = [analyse(x) for x in loads]
+        measured = [analyse(x, poller.max_sm_mhz) for x in loads]
     except (RuntimeError, ValueError) as e:
         print(f"error: nvml-lag: {e}", file=sys.stderr)
         return 1
     body = {
         "matmul": {"n": MATMUL_N, "ms": round(matmul_ms, 4)},
+        "max_sm_mhz": poller.max_sm_mhz,
         "idle_s": args.idle,
         "tail_s": args.tail,
         "loads": measured,
@@ -249,7 +292,8 @@ def main(args: argparse.Namespace) -> int:
             f"{x['asked_ms']:>7g} ms load: first cap reason {x['first_capped_reading_ms']} ms, first violation "
             f"growth {x['first_power_violation_growth_ms']} ms, violation {x['power_violation_during_ms']} ms during "
             f"+ {x['power_violation_at_end_ms']} ms across the end + {x['power_violation_after_ms']} ms after "
-            f"(last growth {x['last_growth_after_end_ms']} ms after the end)"
+            f"(last growth {x['last_growth_after_end_ms']} ms after the end; SM clock lowered until "
+            f"{x['last_lowered_clock_after_end_ms']} ms after it, lowest {x['lowest_sm_mhz']['after']} MHz)"
         )
     print(f"nvml-lag: {json.dumps(body['summary'])} -> {shown(path)}")
     return 0

@@ -22,10 +22,10 @@ POWER_CAP = 0x4  # sw_power_cap: lowers the clocks
 IDLE = 0x1  # gpu_idle: benign
 
 
-def _reading(t_ms: float, reasons: int = 0, power_ms: float | None = 0.0) -> Reading:
+def _reading(t_ms: float, reasons: int = 0, power_ms: float | None = 0.0, sm: int | None = None) -> Reading:
     t = 100.0 + t_ms / 1e3
     power = None if power_ms is None else int(power_ms * 1e6)
-    return Reading(t, t + 0.0016, reasons, power, 0 if power is not None else None)
+    return Reading(t, t + 0.0016, reasons, power, 0 if power is not None else None, sm)
 
 
 def _load(idle, during, after, launch_ms: float = 0.0, done_ms: float = 20.0) -> Load:
@@ -53,6 +53,42 @@ def test_a_cap_seen_late_and_violation_time_after_the_end_are_measured() -> None
     assert got["idle_capped_readings"] == 0 and got["idle_power_violation_ms"] == 0.0
     assert got["capped_readings"] == {"during": 2, "after": 0}
     assert got["reason_masks"] == ["0x0", "0x1", "0x4"]
+
+
+def test_the_clock_is_read_back_at_full_while_the_cap_reason_stays() -> None:
+    """A load whose clock fell to 1500 MHz (of 1980) and is read back at 1965 from 60 ms after its
+    end while the cap reason stays set to 200 ms: the last lowered reading is 40 ms after the end
+    (under 98 % of 1980, 1940.4 MHz), and the readings after it capped at 1965 are the ones a
+    flag no longer counts. Without the maximum, or on a board without clocks, these are None."""
+    idle = [_reading(-10, 0, 0.0, sm=1980), _reading(-5, 0, 0.0, sm=1980)]
+    during = [_reading(5, POWER_CAP, 2.0, sm=1700), _reading(15, POWER_CAP, 9.0, sm=1500)]
+    after = [
+        _reading(25, POWER_CAP, 12.0, sm=1515),
+        _reading(60, POWER_CAP, 40.0, sm=1935),
+        _reading(80, POWER_CAP, 60.0, sm=1965),
+        _reading(220, POWER_CAP, 200.0, sm=1965),
+        _reading(300, 0, 200.0, sm=1980),
+    ]
+    got = analyse(_load(idle, during, after), max_sm_mhz=1980)
+    assert got["lowest_sm_mhz"] == {"during": 1500, "after": 1515}
+    assert got["last_lowered_clock_after_end_ms"] == 40.0
+    assert got["capped_readings_after_at_full_clock"] == 2
+    blind = analyse(_load(idle, during, after))
+    assert (
+        blind["last_lowered_clock_after_end_ms"] is None
+        and blind["capped_readings_after_at_full_clock"] is None
+    )
+    assert blind["lowest_sm_mhz"] == {"during": 1500, "after": 1515}
+    plain = [_reading(t, POWER_CAP) for t in (-5, 5, 25, 60)]
+    got = analyse(_load(plain[:1], plain[1:2], plain[2:]), max_sm_mhz=1980)
+    assert got["lowest_sm_mhz"] == {"during": None, "after": None}
+    assert (
+        got["last_lowered_clock_after_end_ms"] is None and got["capped_readings_after_at_full_clock"] is None
+    )
+    both = summary([analyse(_load(idle, during, after), max_sm_mhz=1980)] * 2)
+    assert (
+        both["latest_lowered_clock_after_end_ms"] == 40.0 and both["capped_readings_after_at_full_clock"] == 4
+    )
 
 
 def test_a_load_never_capped_has_no_onset() -> None:
