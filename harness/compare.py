@@ -336,12 +336,20 @@ def _decide(bs: SampleStats, hs: SampleStats, change: float, p: float, min_chang
 def capped_samples_text(base: SweepRow | None, head: SweepRow | None) -> str:
     """How many of each side's samples NVML's readings showed capped, where either side's were
     read one by one (``throttled_samples``): ``capped samples: BASE -, HEAD 12/40`` ("-": not
-    read so, or no row); "" where neither side's were."""
+    read so, or no row); "" where neither side's were. Where both were, and one side's were
+    flagged by a cap alone while the other's asked for a lowered SM clock too
+    (``throttle_clock_line_mhz``), it says which: the first counts more samples for the same
+    board state."""
 
     counts = [None if r is None else r.capped_count for r in (base, head)]
     if counts == [None, None]:
         return ""
-    return "capped samples: BASE {}, HEAD {}".format(*(c or "-" for c in counts))
+    text = "capped samples: BASE {}, HEAD {}".format(*(c or "-" for c in counts))
+    if None not in counts:
+        alone = [r is not None and r.throttle_clock_line_mhz is None for r in (base, head)]
+        if alone[0] != alone[1]:
+            text += f" ({'BASE' if alone[0] else 'HEAD'}'s flagged by a cap alone, without the clock rule)"
+    return text
 
 
 @dataclass(frozen=True)

@@ -292,6 +292,15 @@ def _grew(first: int | None, last: int | None) -> bool:
     return isinstance(first, int) and isinstance(last, int) and last > first
 
 
+def clock_line(readings: Sequence[Reading], max_sm_mhz: int | None) -> float | None:
+    """The SM clock (MHz) under which a reading counts as lowered for :func:`flag_samples`:
+    ``CLOCK_LOWERED_BELOW`` of the board's maximum; None (a cap alone flags) where the maximum
+    or any reading's clock is unknown."""
+    if max_sm_mhz is None or any(r.sm_mhz is None for r in readings):
+        return None
+    return CLOCK_LOWERED_BELOW * max_sm_mhz
+
+
 def flag_samples(
     spans: Sequence[tuple[float, float]],
     readings: Sequence[Reading],
@@ -321,9 +330,7 @@ def flag_samples(
         capped_before.append(capped_before[-1] + r.capped)
     # lowered_before[i]: readings[0..i) with the SM clock below the line; no line where the
     # maximum or any reading's clock is unknown (the cap alone then flags, as it always did)
-    line = None
-    if max_sm_mhz is not None and all(r.sm_mhz is not None for r in readings):
-        line = CLOCK_LOWERED_BELOW * max_sm_mhz
+    line = clock_line(readings, max_sm_mhz)
     lowered_before = [0]
     for r in readings:
         lowered_before.append(lowered_before[-1] + (line is not None and r.sm_mhz < line))

@@ -93,6 +93,10 @@ class SweepRow:
     # (harness.nvml.flag_samples); None where they were not read per sample (no NVML, a TP row,
     # the CPU, a run from before they were)
     throttled_samples: list[int] | None = None
+    # The SM clock (MHz) under which a reading counted as lowered when those samples were
+    # flagged (harness.nvml.clock_line); None where a cap alone flagged them (no clock read, or a
+    # run from before the flags asked for a lowered clock)
+    throttle_clock_line_mhz: float | None = None
     note: str = ""  # e.g. "fewer samples: slow implementation"; the error when status is "error"
     repro: str = ""  # a command that re-times this case alone
     # "ok" | "error": an error row (the call raised, or its output had NaN/Inf) has no samples and
@@ -235,6 +239,7 @@ SWEEP_ROW_TYPES: dict[str, FieldType] = {
     "throttled": BOOLEAN,
     "throttle_reasons": _list(STRING, "a list of strings"),
     "throttled_samples": _or_null(_list(INTEGER, "a list of sample indices")),
+    "throttle_clock_line_mhz": _or_null(NUMBER),
     "note": STRING,
     "repro": STRING,
     "status": _one_of("ok", "error"),

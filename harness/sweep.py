@@ -580,13 +580,16 @@ def throttle_flags(before: dict | None, after: dict | None) -> tuple[bool, list[
     return bool(reasons), reasons
 
 
-def sample_flags(t: Timing, poller: nvml.Poller | None) -> list[int] | None:
-    """The samples of ``t`` that ``poller``'s readings show capped (``nvml.flag_samples``), or
-    None where there is nothing to tell it by: no poller, no spans (the CPU), or a poller whose
-    queries failed or read nothing."""
+def sample_flags(t: Timing, poller: nvml.Poller | None) -> tuple[list[int] | None, float | None]:
+    """(the samples of ``t`` that ``poller``'s readings show capped (``nvml.flag_samples``), the
+    SM clock line they were flagged by (``nvml.clock_line``; None: a cap alone)), or (None, None)
+    where there is nothing to tell it by: no poller, no spans (the CPU), or a poller whose queries
+    failed or read nothing."""
     if poller is None or t.spans is None or poller.failed or not poller.readings:
-        return None
-    return nvml.flag_samples(t.spans, poller.readings, max_sm_mhz=poller.max_sm_mhz)
+        return None, None
+    flags = nvml.flag_samples(t.spans, poller.readings, max_sm_mhz=poller.max_sm_mhz)
+    line = nvml.clock_line(poller.readings, poller.max_sm_mhz)
+    return flags, None if line is None else round(line, 1)
 
 
 def _time_impl(
@@ -628,6 +631,7 @@ def _time_impl(
             progress.update(1)
             continue
         after, _ = nvml.snapshot(opts.device)
+        flags, line = sample_flags(t, poller)
         rows.append(
             timed_row(
                 t,
@@ -641,7 +645,8 @@ def _time_impl(
                 mode=mode,
                 repro=repro_command(opts, case.case_id, impl.name, mode),
                 impl_config=impl_config_of(run_fns[0]),
-                throttled_samples=sample_flags(t, poller),
+                throttled_samples=flags,
+                throttle_clock_line_mhz=line,
             )
         )
         progress.update(1)

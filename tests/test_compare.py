@@ -1226,6 +1226,15 @@ def test_a_verdict_says_how_many_samples_each_side_read_capped_where_they_were_r
     c = compare.compare_results(compare.Side("a", base), compare.Side("b", head))
     assert c.timing[0].capped == "capped samples: BASE 0/20, HEAD 3/20"
     assert "capped samples: BASE 0/20, HEAD 3/20" in compare.render_html(c)
+    # one side flagged with the clock rule, the other by a cap alone: the text says which
+    head.sweep[0] = replace(head.sweep[0], throttle_clock_line_mhz=1940.4)
+    c = compare.compare_results(compare.Side("a", base), compare.Side("b", head))
+    assert c.timing[0].capped == (
+        "capped samples: BASE 0/20, HEAD 3/20 (BASE's flagged by a cap alone, without the clock rule)"
+    )
+    base.sweep[0] = replace(base.sweep[0], throttle_clock_line_mhz=1940.4)
+    c = compare.compare_results(compare.Side("a", base), compare.Side("b", head))
+    assert c.timing[0].capped == "capped samples: BASE 0/20, HEAD 3/20"
 
 
 # --- the gate's blind spots (history groups, gated implementations, builds, revisions, git) ------

@@ -434,20 +434,20 @@ def test_samples_are_flagged_only_where_a_poller_read_them() -> None:
         max_sm_mhz = None
         readings = [nvml.Reading(t, t, mask, 0, 0) for t, mask in ((0.0, 0), (1.0, 0x4), (2.0, 0))]
 
-    assert sweep.sample_flags(t, Poller()) == [0, 1]
+    assert sweep.sample_flags(t, Poller()) == ([0, 1], None)
     # the board's maximum clock reaches the flags: a cap read at the maximum clock flags nothing
     at_max = Poller()
     at_max.max_sm_mhz = 1980
     at_max.readings = [nvml.Reading(r.t, r.t_end, r.reasons, 0, 0, 1980) for r in Poller.readings]
-    assert sweep.sample_flags(t, at_max) == []
-    assert sweep.sample_flags(_timing_of([1.0, 1.0], None), Poller()) is None  # the CPU: no spans
-    assert sweep.sample_flags(t, None) is None
+    assert sweep.sample_flags(t, at_max) == ([], 1940.4)
+    assert sweep.sample_flags(_timing_of([1.0, 1.0], None), Poller()) == (None, None)  # the CPU: no spans
+    assert sweep.sample_flags(t, None) == (None, None)
     broken = Poller()
     broken.failed = "NVML query failed: GPU is lost"
-    assert sweep.sample_flags(t, broken) is None
+    assert sweep.sample_flags(t, broken) == (None, None)
     empty = Poller()
     empty.readings = []
-    assert sweep.sample_flags(t, empty) is None
+    assert sweep.sample_flags(t, empty) == (None, None)
 
 
 def test_run_dir_name_has_utc_time_grid_gpu_slug_and_short_sha() -> None:
@@ -558,13 +558,17 @@ def test_a_sweep_reads_its_poller_per_row_and_keeps_each_rows_flagged_samples(
     class FakePoller:
         cleared = 0
         failed = ""
-        max_sm_mhz = None
+        max_sm_mhz = 1980
         readings: list = []
 
         def clear(self) -> None:
             FakePoller.cleared += 1
             times = [k / 4 for k in range(41)]  # a reading every 0.25 s
-            self.readings = [nvml.Reading(t, t, 0x4 if t == 1.25 else 0, 0, 0) for t in times]
+            # a cap at t=1.25 with the clock lowered, and one at t=5 at a full clock
+            self.readings = [
+                nvml.Reading(t, t, 0x4 if t in (1.25, 5.0) else 0, 0, 0, 1500 if t == 1.25 else 1980)
+                for t in times
+            ]
 
         def read(self) -> None:  # the CPU path never reads it
             raise AssertionError("read on the CPU")
@@ -589,7 +593,8 @@ def test_a_sweep_reads_its_poller_per_row_and_keeps_each_rows_flagged_samples(
     rows = load_results(out).sweep
     assert len(rows) == 2 and handed == [poller, poller] and FakePoller.cleared == 2
     for r in rows:
-        assert r.throttled_samples == [1] and r.throttled
+        assert len(r.samples_ms) > 5  # sample 5 spans the cap at t=5, read at a full clock
+        assert r.throttled_samples == [1] and r.throttled and r.throttle_clock_line_mhz == 1940.4
         assert r.throttle_reasons == [f"capped_during_1_of_{len(r.samples_ms)}_samples"]
 
 
