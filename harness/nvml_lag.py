@@ -42,7 +42,7 @@ from typing import Any
 
 from harness import box_record
 from harness.cli import positive_number, shown
-from harness.nvml import CLOCK_LOWERED_BELOW, Poller, Reading
+from harness.nvml import Poller, Reading, clock_line
 
 OUTPUT_FILE = "nvml-lag.json"
 SCHEMA = "verify-attention/nvml-lag"
@@ -84,8 +84,7 @@ def _lowest(readings: list[Reading]) -> int | None:
 def _clock(load: Load, max_sm_mhz: int | None) -> dict[str, Any]:
     """The SM clock's fields of :func:`analyse` (module docstring); None where it is unknown."""
     lowest = {"during": _lowest(load.during), "after": _lowest(load.after)}
-    known = max_sm_mhz is not None and all(r.sm_mhz is not None for r in load.after)
-    line = CLOCK_LOWERED_BELOW * max_sm_mhz if known else None
+    line = clock_line(load.after, max_sm_mhz)
     last_lowered = None
     if line is not None:
         last_lowered = next((r.t - load.t_done for r in reversed(load.after) if r.sm_mhz < line), None)
