@@ -67,11 +67,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from harness.box_record import BRINGUP_RECORD as RECORD_FILE
 from harness.cli import REPO_ROOT as ROOT
 from harness.cli import from_checkout, positive_number, shown, signals_as_interrupt
 from harness.results import REPORTS_DIR, run_folder
 
-RECORD_FILE = "bringup.json"
 SCHEMA = "verify-attention/bringup"
 SCHEMA_VERSION = 1
 PROBE_PREFIX = "bringup-probe: "

@@ -160,11 +160,6 @@ def best_run(runs: list[dict[str, Any]], mode: int | None = None) -> Best:
     return Best(float(top["tflops"]), float(top["of_matmul"]), top)
 
 
-def check_no_record(out: str | None, name: str = OUTPUT_FILE) -> None:
-    """:func:`harness.box_record.check_no_record` for mma-peak's record."""
-    box_record.check_no_record(out, name)
-
-
 def main(args: argparse.Namespace) -> int:
     import torch
 

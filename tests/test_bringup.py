@@ -383,14 +383,15 @@ def test_a_resumed_bringup_passes_its_folder_to_mma_peak_which_accepts_it(
     assert bringup.main(_args(out=str(out)), box=Box(gpus=1), python=sys.executable, steps=steps) == 0
     (out / "mma-peak.json").write_text("{}")
     assert bringup.main(_args(out=str(out)), box=Box(gpus=1), python=sys.executable, steps=steps) == 0
+    from harness.box_record import check_no_record
     from harness.cli import check_run_out_dir
-    from harness.mma_peak import check_no_record
+    from harness.mma_peak import OUTPUT_FILE
 
     assert check_run_out_dir(str(out), reports) == out
-    check_no_record(str(out))  # a bring-up's own mma-peak.json is replaced by its rerun
+    check_no_record(str(out), OUTPUT_FILE)  # a bring-up's own mma-peak.json is replaced by its rerun
     (out / "bringup.json").unlink()
     with pytest.raises(ValueError, match="already holds mma-peak.json"):
-        check_no_record(str(out))  # the same folder without the record: another run's, kept
+        check_no_record(str(out), OUTPUT_FILE)  # the same folder without the record: another run's, kept
 
 
 def test_the_probe_is_the_last_probe_line_of_the_build_log(tmp_path) -> None:
