@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import fcntl
+import itertools
 import os
 import stat
 import statistics
@@ -635,7 +636,7 @@ class _FakeGpu:
     """A CUDA stream on the host's clock: work runs in order, each call ``call_ms`` long, and an
     event completes when the work queued before it has."""
 
-    def __init__(self, call_ms: float) -> None:
+    def __init__(self, call_ms: float, wait_ms: float = 0.0) -> None:
         self.free_at = 0.0  # time.monotonic() when the queued work is done
         self.call_ms = call_ms
         gpu = self
@@ -651,7 +652,8 @@ class _FakeGpu:
                 return time.monotonic() >= self.at
 
             def synchronize(self) -> None:
-                time.sleep(max(self.at - time.monotonic(), 0.0))
+                # the host learns of the event ``wait_ms`` after it completed
+                time.sleep(max(self.at - time.monotonic(), 0.0) + wait_ms / 1e3)
 
             def elapsed_time(self, end: Event) -> float:
                 return (end.at - self.at) * 1e3
@@ -714,6 +716,52 @@ def test_the_sampler_reads_the_monitor_while_samples_run_and_places_each_on_the_
     assert len(sampler.spans) == 7 and sampler.spans[4][1] <= sampler.spans[5][0]
     reads = [r.t for r in monitor.readings[before:]]
     assert reads and reads[0] > sampler.spans[5][0]  # none taken between the batches
+
+
+def test_back_to_back_samples_spans_overlap_by_the_anchor_wait_and_no_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Samples with no flush between them, and an anchor the host sees 2 ms after it ran: each
+    span still holds its sample's run and the spans keep their order, but a span's end, placed
+    from the read after the anchor's wait, reaches 2 ms into the next sample's run. The overlap
+    is the margin, no more, and a cap read while sample 2 ran flags it, not samples 0 or 4."""
+    gpu = _FakeGpu(call_ms=8.0, wait_ms=2.0)
+    monkeypatch.setattr(torch.cuda, "Event", gpu.Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", gpu.synchronize)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
+    ran: list[tuple[float, float]] = []
+
+    def call() -> None:
+        start = max(gpu.free_at, time.monotonic())
+        gpu.call()
+        ran.append((start, gpu.free_at))
+
+    class Monitor:
+        def __init__(self) -> None:
+            self.readings: list[nvml.Reading] = []
+
+        def read(self) -> None:
+            now = time.monotonic()
+            capped = len(ran) > 2 and ran[2][0] < now < ran[2][1]
+            self.readings.append(_reading(now, 0x4 if capped else 0, took=time.monotonic() - now))
+
+    monitor = Monitor()
+    sampler = timing.Sampler([call], torch.device("cuda"), 0, monitor)
+    samples = sampler.samples(5)
+    spans = sampler.spans
+    for (start, end), (gpu_start, gpu_end) in zip(spans, ran, strict=True):
+        assert start <= gpu_start + 2e-4 and end >= gpu_end - 2e-4
+    assert all(a[0] < b[0] and a[1] < b[1] for a, b in itertools.pairwise(spans))
+    margins_ms = [(end - start) * 1e3 - ms for (start, end), ms in zip(spans, samples, strict=True)]
+    overlaps_ms = [(a[1] - b[0]) * 1e3 for a, b in itertools.pairwise(spans)]
+    assert all(1.5 < m < 8.0 for m in margins_ms), margins_ms  # under a call: 0 and 2 stay apart
+    assert all(0.0 < o < m + 1e-3 for o, m in zip(overlaps_ms, margins_ms, strict=False)), (
+        overlaps_ms,
+        margins_ms,
+    )
+    assert any(r.capped for r in monitor.readings)
+    flagged = nvml.flag_samples(spans, monitor.readings)
+    assert 2 in flagged and 0 not in flagged and 4 not in flagged
 
 
 def test_measure_gives_spans_only_with_a_monitor_on_a_cuda_device() -> None:
