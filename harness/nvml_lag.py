@@ -146,9 +146,18 @@ def analyse(load: Load, max_sm_mhz: int | None = None) -> dict[str, Any]:
     }
 
 
+def _known(loads: list[dict[str, Any]], field: str) -> list[Any]:
+    return [x[field] for x in loads if x[field] is not None]
+
+
 def _total(loads: list[dict[str, Any]], field: str) -> float | None:
-    values = [x[field] for x in loads if x[field] is not None]
+    values = _known(loads, field)
     return round(sum(values), 4) if values else None
+
+
+def _latest(loads: list[dict[str, Any]], field: str) -> float | None:
+    values = _known(loads, field)
+    return max(values) if values else None
 
 
 def summary(loads: list[dict[str, Any]]) -> dict[str, Any]:
@@ -159,22 +168,6 @@ def summary(loads: list[dict[str, Any]]) -> dict[str, Any]:
     clock lowered, and the readings after the ends capped at a full clock (None where NVML gives
     no clock)."""
     clean = [x for x in loads if x["idle_capped_readings"] == 0 and x["idle_power_violation_ms"] in (0, None)]
-    firsts = [
-        x["first_power_violation_growth_ms"]
-        for x in clean
-        if x["first_power_violation_growth_ms"] is not None
-    ]
-    lasts = [x["last_growth_after_end_ms"] for x in clean if x["last_growth_after_end_ms"] is not None]
-    lowered = [
-        x["last_lowered_clock_after_end_ms"]
-        for x in clean
-        if x.get("last_lowered_clock_after_end_ms") is not None
-    ]
-    at_full = [
-        x["capped_readings_after_at_full_clock"]
-        for x in clean
-        if x.get("capped_readings_after_at_full_clock") is not None
-    ]
     during, at_end, after = (
         _total(clean, f"power_violation_{phase}_ms") for phase in ("during", "at_end", "after")
     )
@@ -183,12 +176,12 @@ def summary(loads: list[dict[str, Any]]) -> dict[str, Any]:
         "loads_from_uncapped_idle": len(clean),
         "loads": len(loads),
         "capped_loads": sum(1 for x in clean if x["first_capped_reading_ms"] is not None),
-        "latest_first_growth_ms": max(firsts) if firsts else None,
-        "latest_growth_after_end_ms": max(lasts) if lasts else None,
+        "latest_first_growth_ms": _latest(clean, "first_power_violation_growth_ms"),
+        "latest_growth_after_end_ms": _latest(clean, "last_growth_after_end_ms"),
         "power_violation_ms": {"during": during, "at_end": at_end, "after": after},
         "after_share": round(after / whole, 4) if whole and after is not None else None,
-        "latest_lowered_clock_after_end_ms": max(lowered) if lowered else None,
-        "capped_readings_after_at_full_clock": sum(at_full) if at_full else None,
+        "latest_lowered_clock_after_end_ms": _latest(clean, "last_lowered_clock_after_end_ms"),
+        "capped_readings_after_at_full_clock": _total(clean, "capped_readings_after_at_full_clock"),
     }
 
 
