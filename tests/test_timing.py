@@ -667,6 +667,41 @@ class _FakeGpu:
         time.sleep(max(self.free_at - time.monotonic(), 0.0))
 
 
+class _CapDuringSample2:
+    """A monitor whose readings show a cap (0x4) while the fake GPU runs the third call; each
+    reading's value is observed as it begins and the reading takes ``read_ms``."""
+
+    def __init__(self, ran: list[tuple[float, float]], read_ms: float) -> None:
+        self.ran = ran
+        self.read_ms = read_ms
+        self.readings: list[nvml.Reading] = []
+
+    def read(self) -> None:
+        now = time.monotonic()
+        capped = len(self.ran) > 2 and self.ran[2][0] < now < self.ran[2][1]
+        time.sleep(self.read_ms / 1e3)
+        self.readings.append(_reading(now, 0x4 if capped else 0, took=time.monotonic() - now))
+
+
+def _sampler_on(
+    gpu: _FakeGpu, monkeypatch: pytest.MonkeyPatch, read_ms: float = 0.0
+) -> tuple[timing.Sampler, _CapDuringSample2, list[tuple[float, float]]]:
+    """A sampler of one call on ``gpu`` (patched in for torch.cuda's events and synchronisation),
+    its monitor, and each call's span on the fake GPU as the calls run."""
+    monkeypatch.setattr(torch.cuda, "Event", gpu.Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", gpu.synchronize)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
+    ran: list[tuple[float, float]] = []
+
+    def call() -> None:
+        start = max(gpu.free_at, time.monotonic())
+        gpu.call()
+        ran.append((start, gpu.free_at))
+
+    monitor = _CapDuringSample2(ran, read_ms)
+    return timing.Sampler([call], torch.device("cuda"), 0, monitor), monitor, ran
+
+
 @pytest.mark.parametrize(("read_ms", "call_ms"), [(0.0, 3.0), (1.5, 5.0)], ids=["instant", "slow-reads"])
 def test_the_sampler_reads_the_monitor_while_samples_run_and_places_each_on_the_host_clock(
     monkeypatch: pytest.MonkeyPatch, read_ms: float, call_ms: float
@@ -676,28 +711,7 @@ def test_the_sampler_reads_the_monitor_while_samples_run_and_places_each_on_the_
     so a cap read while sample 2 ran flags that sample and not the first or the last. Readings
     that take ``read_ms`` (as NVML's 1.6 ms on an H100) are still in flight as samples end."""
     gpu = _FakeGpu(call_ms=call_ms)
-    monkeypatch.setattr(torch.cuda, "Event", gpu.Event)
-    monkeypatch.setattr(torch.cuda, "synchronize", gpu.synchronize)
-    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
-    ran: list[tuple[float, float]] = []  # each call's span on the fake GPU
-
-    def call() -> None:
-        start = max(gpu.free_at, time.monotonic())
-        gpu.call()
-        ran.append((start, gpu.free_at))
-
-    class Monitor:
-        def __init__(self) -> None:
-            self.readings: list[nvml.Reading] = []
-
-        def read(self) -> None:
-            now = time.monotonic()  # the value is observed as the reading begins
-            capped = len(ran) > 2 and ran[2][0] < now < ran[2][1]
-            time.sleep(read_ms / 1e3)
-            self.readings.append(_reading(now, 0x4 if capped else 0, took=time.monotonic() - now))
-
-    monitor = Monitor()
-    sampler = timing.Sampler([call], torch.device("cuda"), 0, monitor)
+    sampler, monitor, ran = _sampler_on(gpu, monkeypatch, read_ms)
     samples = sampler.samples(5)
     assert samples == pytest.approx([call_ms] * 5, abs=0.3)
     # read once before, every ~0.5 ms (plus the reading's own time) while the batch runs, once after
@@ -726,27 +740,7 @@ def test_back_to_back_samples_spans_overlap_by_the_anchor_wait_and_no_more(
     from the read after the anchor's wait, reaches 2 ms into the next sample's run. The overlap
     is the margin, no more, and a cap read while sample 2 ran flags it, not samples 0 or 4."""
     gpu = _FakeGpu(call_ms=8.0, wait_ms=2.0)
-    monkeypatch.setattr(torch.cuda, "Event", gpu.Event)
-    monkeypatch.setattr(torch.cuda, "synchronize", gpu.synchronize)
-    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
-    ran: list[tuple[float, float]] = []
-
-    def call() -> None:
-        start = max(gpu.free_at, time.monotonic())
-        gpu.call()
-        ran.append((start, gpu.free_at))
-
-    class Monitor:
-        def __init__(self) -> None:
-            self.readings: list[nvml.Reading] = []
-
-        def read(self) -> None:
-            now = time.monotonic()
-            capped = len(ran) > 2 and ran[2][0] < now < ran[2][1]
-            self.readings.append(_reading(now, 0x4 if capped else 0, took=time.monotonic() - now))
-
-    monitor = Monitor()
-    sampler = timing.Sampler([call], torch.device("cuda"), 0, monitor)
+    sampler, monitor, ran = _sampler_on(gpu, monkeypatch)
     samples = sampler.samples(5)
     spans = sampler.spans
     for (start, end), (gpu_start, gpu_end) in zip(spans, ran, strict=True):
