@@ -103,9 +103,11 @@ lent boards of one model can differ by more than the minimum effect where the GP
 spread is the power cap's); a person then decides, in a reviewed file, with the numbers beside it.
 
 Exit status: 1 on any (gated) SLOWER or parity regression, 2 when the inputs cannot be compared
-(``--history`` over a folder with no results file at all included) or the HTML diff cannot be
-written, else 0 (``--history`` with runs but no group of two: nothing to compare).
-The terminal gets a table; an HTML diff is written atomically to ``--out``.
+(``--history`` over a folder with no results file at all included) or the HTML diff or its
+verdicts file cannot be written, else 0 (``--history`` with runs but no group of two: nothing to
+compare). The terminal gets a table; an HTML diff and, beside it under the same name, the
+verdicts as JSON (:func:`verdicts_record`: every verdict with its numbers and whether it counts,
+for a CI system to post or track) are written atomically to ``--out``, one pair per comparison.
 """
 
 from __future__ import annotations
@@ -145,7 +147,7 @@ from harness.results import (
     results_files_under,
     results_from_bytes,
 )
-from harness.scaling import TITLE, FitChange, change_records, fit_changes, text_rows
+from harness.scaling import TITLE, FitChange, ScalingFit, change_records, fit_changes, text_rows
 from harness.text import columns
 
 DEFAULT_MIN_CHANGE = 0.03
@@ -568,22 +570,27 @@ class Comparison:
     # the series of prefix lengths fitted in both runs (harness/scaling.py): shown, never gated
     scaling: tuple[FitChange, ...] = ()
 
-    def _gated(self, v: TimingVerdict) -> bool:
+    def is_gated(self, v: TimingVerdict) -> bool:
         return self.gated_impls is None or any(fnmatch.fnmatchcase(v.impl, g) for g in self.gated_impls)
 
     def is_waived(self, v: TimingVerdict) -> bool:
         return v.verdict == SLOWER and (v.case_id, v.impl, v.mode) in self.waived
 
+    def is_counted(self, v: TimingVerdict | ParityVerdict) -> bool:
+        """Whether the exit status counts ``v``: a parity regression always, a timing one when its
+        implementation is gated and no waiver accepts it."""
+        if isinstance(v, ParityVerdict):
+            return v.regression
+        return v.regression and self.is_gated(v) and not self.is_waived(v)
+
     @property
     def regressions(self) -> list[TimingVerdict | ParityVerdict]:
-        return [v for v in self.parity if v.regression] + [
-            v for v in self.timing if v.regression and self._gated(v) and not self.is_waived(v)
-        ]
+        return [v for v in (*self.parity, *self.timing) if self.is_counted(v)]
 
     @property
     def ungated_regressions(self) -> list[TimingVerdict]:
         """Timing regressions of implementations outside ``gated_impls``: shown, not counted."""
-        return [v for v in self.timing if v.regression and not self._gated(v)]
+        return [v for v in self.timing if v.regression and not self.is_gated(v)]
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -1199,6 +1206,143 @@ def write_html(c: Comparison, out_dir: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------
+# The verdicts as data, for CI systems that post or track them
+
+
+VERDICTS_SCHEMA = "verify-attention/compare-verdicts"
+VERDICTS_SCHEMA_VERSION = 1
+
+
+def _number(x: float | None) -> float | None:
+    """A float for JSON: NaN and infinities (which JSON has no words for) as null."""
+    return x if x is not None and math.isfinite(x) else None
+
+
+def _stats_record(s: SampleStats | None) -> dict[str, float | int] | None:
+    if s is None:
+        return None
+    return {
+        "n": s.n,
+        "min_ms": s.min_ms,
+        "q1_ms": s.q1_ms,
+        "median_ms": s.median_ms,
+        "q3_ms": s.q3_ms,
+        "max_ms": s.max_ms,
+    }
+
+
+def _fit_record(f: ScalingFit) -> dict[str, Any]:
+    """One run's line for a series (:class:`harness.scaling.ScalingFit`), in ms and %."""
+    return {
+        "prefixes": list(f.prefixes),
+        "configs": list(f.configs),
+        "fixed_ms": _number(f.fixed_ms),
+        "fixed_se_ms": _number(f.fixed_se_ms),
+        "fixed_resolved": f.fixed_resolved,
+        "ms_per_key": _number(f.ms_per_key),
+        "steady_pct_of_floor": _number(f.steady_pct),
+        "half_floor_prefix": _number(f.half_floor_prefix) if f.fixed_resolved else None,
+        "worst_residual_pct": _number(f.worst_residual_pct),
+    }
+
+
+def _scaling_record(change: FitChange) -> dict[str, Any]:
+    return {
+        "impl": change.head.impl,
+        "mode": change.head.mode,
+        "series": change.head.label(),
+        "params": dict(change.head.params),
+        "fixed_change_ms": _number(change.head.fixed_ms - change.base.fixed_ms),
+        "fixed_change_se_ms": _number(change.change_se_ms),
+        "base": _fit_record(change.base),
+        "head": _fit_record(change.head),
+    }
+
+
+def _side_record(side: Side) -> dict[str, Any]:
+    git = side.results.git if isinstance(side.results.git, dict) else {}
+    return {
+        "label": side.label,
+        "revision": side.revision,
+        "sha": git.get("sha"),
+        "dirty": git.get("dirty"),
+        "created_utc": side.results.created_utc,
+    }
+
+
+def verdicts_record(c: Comparison) -> dict[str, Any]:
+    """Everything the terminal table and the HTML diff say, as JSON-ready data: both runs, every
+    timing and parity verdict with its numbers and reason, and which of them count.
+
+    ``counted`` marks the verdicts that the exit status counts (:meth:`Comparison.is_counted`);
+    ``regressions`` is their number."""
+    timing = []
+    for v in _sorted(c.timing):
+        d = v.decision
+        timing.append(
+            {
+                "case_id": v.case_id,
+                "impl": v.impl,
+                "mode": v.mode,
+                "verdict": v.verdict,
+                "reason": d.reason,
+                "regression": d.regression,
+                "gated": c.is_gated(v),
+                "waived": c.is_waived(v),
+                "counted": c.is_counted(v),
+                "throttled": v.throttled,
+                "capped": v.capped,
+                "change": _number(d.change),
+                "p_value": _number(d.p_value),
+                "base": _stats_record(d.base),
+                "head": _stats_record(d.head),
+            }
+        )
+    parity = [
+        {
+            "bundle": v.bundle,
+            "impl": v.impl,
+            "verdict": v.verdict,
+            "reason": v.reason,
+            "regression": v.regression,
+            "counted": c.is_counted(v),
+            "base_status": v.base.status if v.base else None,
+            "head_status": v.head.status if v.head else None,
+        }
+        for v in _sorted(c.parity)
+    ]
+    key = c.head.key
+    return {
+        "schema": VERDICTS_SCHEMA,
+        "schema_version": VERDICTS_SCHEMA_VERSION,
+        "group": {"gpu_model": key.gpu_model, "kind": key.kind, "grid": key.grid},
+        "base": _side_record(c.base),
+        "head": _side_record(c.head),
+        "min_change": c.min_change,
+        "gated_impls": list(c.gated_impls) if c.gated_impls is not None else None,
+        "counts": c.counts(),
+        "regressions": len(c.regressions),
+        "parity": parity,
+        "timing": timing,
+        "scaling": [_scaling_record(f) for f in c.scaling],
+        "notes": list(c.notes),
+        "environment_diff": [{"field": k, "base": b, "head": h} for k, b, h in c.environment_diff],
+        "waiver_notes": list(c.waiver_notes),
+    }
+
+
+def json_name(c: Comparison) -> str:
+    return html_name(c).removesuffix(".html") + ".json"
+
+
+def write_json(c: Comparison, out_dir: Path) -> Path:
+    """The verdicts (:func:`verdicts_record`) beside the HTML diff, under the same name."""
+    path = Path(out_dir) / json_name(c)
+    atomic_write_text(path, json.dumps(verdicts_record(c), indent=1, allow_nan=False) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
 # Waivers
 
 
@@ -1370,13 +1514,15 @@ def _report(
         print(format_terminal(c))
         if vacuous:
             print(f"{head.key}: no case or parity row in common with {base.label}: nothing compared\n")
-        try:
-            print(f"html: {write_html(c, args.out)}\n")
-        except OSError as e:  # exit 1 says "regressions": a page that cannot be written is not one
-            raise CompareError(
-                f"--out {args.out}: cannot write {html_name(c)} there ({e.strerror or e}); "
-                "expected a writable folder"
-            ) from e
+        for label, write, name in (("html", write_html, html_name), ("json", write_json, json_name)):
+            try:
+                print(f"{label}: {write(c, args.out)}")
+            except OSError as e:  # exit 1 says "regressions": a file that cannot be written is not one
+                raise CompareError(
+                    f"--out {args.out}: cannot write {name(c)} there ({e.strerror or e}); "
+                    "expected a writable folder"
+                ) from e
+        print()
         regressions += len(c.regressions)
     if regressions:
         print(f"compare: {regressions} regression(s)", file=sys.stderr)
@@ -1459,8 +1605,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-# ``--out``: a folder for the HTML diff; an empty value is refused.
-out_folder = nonempty_folder("a folder for the HTML diff")
+# ``--out``: a folder for the HTML diff and its verdicts file; an empty value is refused.
+out_folder = nonempty_folder("a folder for the HTML diff and its verdicts file")
 
 
 def parse_min_change(text: str) -> float:
@@ -1503,7 +1649,7 @@ def register_cli(sub: Any) -> None:
         "--out",
         type=out_folder,
         default=DEFAULT_OUT,
-        help=f"folder for the HTML diff (default {DEFAULT_OUT})",
+        help=f"folder for the HTML diff and its verdicts as JSON (default {DEFAULT_OUT})",
     )
     p.add_argument(
         "--min-change",

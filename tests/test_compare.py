@@ -654,6 +654,113 @@ def test_html_is_written_and_holds_the_verdict_table(tmp_path: Path, out_dir: Pa
     assert not list(out_dir.glob(".*.tmp"))
 
 
+def _strict_json(text: str) -> dict:
+    """Parse JSON as strictly as other tools do: NaN and Infinity are not JSON."""
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"not JSON: {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_the_verdicts_are_written_as_json_beside_the_page_counting_what_the_exit_status_counts(
+    tmp_path: Path, out_dir: Path
+) -> None:
+    base = make_results(
+        {"B1-P65536-T16-H8-shuffled": timings(0.1, seed=1), "B1-P1000-T4-H8-shuffled": timings(0.05, seed=3)},
+        parity=[parity_row("smoke", "pass"), parity_row("ddtree", "pass")],
+    )
+    head = make_results(
+        {
+            "B1-P65536-T16-H8-shuffled": timings(0.11, seed=2),
+            "B1-P1000-T4-H8-shuffled": timings(0.05, seed=4),
+        },
+        parity=[parity_row("smoke", "pass"), parity_row("ddtree", "fail")],
+        sha="b" * 40,
+    )
+    a, b = save(base, tmp_path / "a"), save(head, tmp_path / "b")
+    assert run_cli(str(a), str(b), "--out", str(out_dir)) == 1
+    (page,) = out_dir.glob("*.html")
+    (data,) = out_dir.glob("*.json")
+    assert data.name == page.name.removesuffix(".html") + ".json"
+    doc = _strict_json(data.read_text())
+    assert (doc["schema"], doc["schema_version"]) == ("verify-attention/compare-verdicts", 1)
+    assert doc["group"] == {"gpu_model": H200, "kind": "sweep", "grid": "quick"}
+    assert (doc["base"]["sha"], doc["head"]["sha"]) == ("a" * 40, "b" * 40)
+    assert doc["base"]["label"] == str(a) and doc["head"]["created_utc"] == head.created_utc
+    timing = {t["case_id"]: t for t in doc["timing"]}
+    slower, same = timing["B1-P65536-T16-H8-shuffled"], timing["B1-P1000-T4-H8-shuffled"]
+    assert (slower["verdict"], slower["counted"], same["verdict"], same["counted"]) == (
+        "SLOWER",
+        True,
+        "SAME",
+        False,
+    )
+    # the numbers behind the verdict, as the rule reads them
+    assert slower["head"]["q1_ms"] > slower["base"]["q3_ms"] and 0.05 < slower["change"] < 0.15
+    assert slower["p_value"] < 0.01 and slower["base"]["n"] == slower["head"]["n"] == 60
+    parity = {(r["bundle"], r["impl"]): r for r in doc["parity"]}
+    assert parity[("ddtree", "verify-attn-cuda")]["verdict"] == "REGRESSED"
+    assert parity[("ddtree", "verify-attn-cuda")]["counted"] is True
+    assert parity[("ddtree", "verify-attn-cuda")]["head_status"] == "fail"
+    assert parity[("smoke", "verify-attn-cuda")]["counted"] is False
+    counted = [r for r in (*doc["timing"], *doc["parity"]) if r["counted"]]
+    assert doc["regressions"] == len(counted) == 2
+    assert doc["counts"] == {"REGRESSED": 1, "SLOWER": 1, "SAME": 2}
+    assert not list(out_dir.glob(".*.tmp"))
+
+
+def test_the_json_marks_ungated_and_waived_slowdowns_as_shown_not_counted(
+    tmp_path: Path, out_dir: Path
+) -> None:
+    base = save(_two_impl_results(0.5, 10.0, seed=1), tmp_path / "a")
+    ref_slower = save(_two_impl_results(0.5, 11.0, seed=3), tmp_path / "b")
+    assert run_cli(str(base), str(ref_slower), "--out", str(out_dir), "--gate-impls", "verify-attn-cuda") == 0
+    doc = _strict_json(next(out_dir.glob("*.json")).read_text())
+    ref = next(t for t in doc["timing"] if t["impl"] == "sglang-triton-ps1")
+    assert (ref["verdict"], ref["regression"], ref["gated"], ref["counted"]) == ("SLOWER", True, False, False)
+    assert doc["gated_impls"] == ["verify-attn-cuda"] and doc["regressions"] == 0
+
+    reports = tmp_path / "reports"
+    _slower_history(reports)
+    (reports / "waivers.toml").write_text(WAIVER.format(cases='"c cold"'))
+    waived_out = tmp_path / "waived"
+    assert run_cli("--history", str(reports), "--out", str(waived_out)) == 0
+    doc = _strict_json(next(waived_out.glob("*.json")).read_text())
+    c = next(t for t in doc["timing"] if t["case_id"] == "c")
+    assert (c["verdict"], c["gated"], c["waived"], c["counted"]) == ("SLOWER", True, True, False)
+    assert doc["gated_impls"] is None and doc["regressions"] == 0
+    assert any("same-GPU A/B" in n for n in doc["waiver_notes"])
+
+
+def test_a_case_without_usable_samples_is_written_with_nulls(tmp_path: Path, out_dir: Path) -> None:
+    a = save(one_case(0.1, seed=1), tmp_path / "a")
+    b = save(make_results({"c": [0.0] * 10}, sha="b" * 40), tmp_path / "b")  # no time to compare
+    assert run_cli(str(a), str(b), "--out", str(out_dir)) == 1
+    doc = _strict_json(next(out_dir.glob("*.json")).read_text())
+    (c,) = doc["timing"]
+    assert (c["verdict"], c["counted"], c["change"], c["p_value"], c["head"]) == (
+        "NO DATA",
+        True,
+        None,
+        None,
+        None,
+    )
+
+
+def test_a_verdicts_file_that_cannot_be_written_exits_2_not_1(
+    tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = str(save(one_case(0.1, seed=1), tmp_path / "a"))
+    b = str(save(one_case(0.1, seed=2, sha="b" * 40), tmp_path / "b"))
+    assert run_cli(a, b, "--out", str(out_dir)) == 0
+    (data,) = out_dir.glob("compare-*.json")
+    data.unlink()
+    data.mkdir()
+    assert run_cli(a, b, "--out", str(out_dir)) == 2
+    assert f"compare: --out {out_dir}: cannot write {data.name} there (" in capsys.readouterr().err
+
+
 # --- finding runs: git revisions and history --------------------------------------------------------
 
 
@@ -1190,7 +1297,10 @@ def test_an_empty_out_is_refused_naming_the_option(
     with pytest.raises(SystemExit) as exit_:
         run_cli(a, b, "--out", "")
     assert exit_.value.code == 2
-    assert "argument --out: expected a folder for the HTML diff, got ''" in capsys.readouterr().err
+    assert (
+        "argument --out: expected a folder for the HTML diff and its verdicts file, got ''"
+        in capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize("side", ["base", "head", "neither"])
