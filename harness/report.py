@@ -9,6 +9,10 @@
     python -m harness report --targets PATH     print the kernel's target cases as a markdown
                                                 table, and how many reach the target
                                                 (harness/targets.py; --at-peak TFLOPS)
+    python -m harness report --trend reports/   print, per GPU model, a line per committed run of
+                                                the default grid, newest first, and each target
+                                                case's newest time against its fastest earlier
+                                                one (harness/trend.py; --gpu-model, --at-peak)
     python -m harness report --prune reports/   compress results.json to results.json.gz and
                                                 delete index.html of every run but the newest one
                                                 per GPU model, kind and grid; of those, a run on
@@ -83,6 +87,7 @@ from harness.targets import (
 )
 from harness.targets import IMPL as TARGET_IMPL
 from harness.targets import markdown as targets_markdown
+from harness.trend import markdown as trend_markdown
 
 TEMPLATE = "report.html.j2"
 # Parity rows of these prefixes are controls, not implementations: mutants must fail somewhere,
@@ -1069,14 +1074,34 @@ def _main_targets(paths: Sequence[str], peak_tflops: float) -> int:
     return _print_each_run(paths, show, wanted=lambda results: bool(results.sweep))
 
 
+def _main_trend(root: Path, peak_tflops: float, gpu_filter: str | None) -> int:
+    try:
+        print(trend_markdown(root, peak_tflops, gpu_filter))
+    except ResultsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     commands = [
         name
-        for name, given in (("--prune", args.prune), ("--scaling", args.scaling), ("--targets", args.targets))
+        for name, given in (
+            ("--prune", args.prune),
+            ("--scaling", args.scaling),
+            ("--targets", args.targets),
+            ("--trend", args.trend),
+        )
         if given
     ]
     if len(commands) > 1:
         print(f"error: {' and '.join(commands)} are separate commands; give one", file=sys.stderr)
+        return 2
+    if args.trend == "":
+        print(
+            "error: --trend is empty; expected the reports folder (an empty path would mean the current folder)",
+            file=sys.stderr,
+        )
         return 2
     if "" in (args.paths or []) or args.prune == "":
         print(
@@ -1085,9 +1110,22 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.at_peak is not None and not args.targets:
-        print("error: --at-peak goes with --targets", file=sys.stderr)
+    if args.at_peak is not None and not (args.targets or args.trend):
+        print("error: --at-peak goes with --targets or --trend", file=sys.stderr)
         return 2
+    if args.gpu_model is not None and not args.trend:
+        print("error: --gpu-model goes with --trend", file=sys.stderr)
+        return 2
+    if args.trend:
+        if args.paths:
+            print(
+                f"error: --trend DIR takes no other paths (got {' '.join(args.paths)}); "
+                "expected the reports folder alone",
+                file=sys.stderr,
+            )
+            return 2
+        peak = DEFAULT_PEAK_TFLOPS if args.at_peak is None else args.at_peak
+        return _main_trend(Path(args.trend), peak, args.gpu_model)
     if args.targets:
         if not args.paths:
             print("error: --targets needs a results.json or run folder", file=sys.stderr)
@@ -1185,9 +1223,21 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         help="print the kernel's target cases (the default grid's targets group) as a markdown table instead of rendering",
     )
     p.add_argument(
+        "--trend",
+        metavar="DIR",
+        help="print, per GPU model, a line per committed sweep run of the default grid (newest first: "
+        "board, target cases at 50 %%, the H=8 T=16 cases, the series' line) and each target case's "
+        "newest time against its fastest earlier one, instead of rendering",
+    )
+    p.add_argument(
+        "--gpu-model",
+        metavar="NAME",
+        help="with --trend: only GPU models whose name holds NAME (case-insensitive), e.g. H200",
+    )
+    p.add_argument(
         "--at-peak",
         type=positive_number("TFLOP/s"),
         metavar="TFLOPS",
-        help=f"with --targets: the fixed bf16 peak of the second %% of floor column (default {DEFAULT_PEAK_TFLOPS:g})",
+        help=f"with --targets or --trend: the fixed bf16 peak of the second %% of floor (default {DEFAULT_PEAK_TFLOPS:g})",
     )
     p.set_defaults(func=main)

@@ -1,0 +1,238 @@
+"""The kernel's history on each GPU model: one line per committed run of the default grid.
+
+    python -m harness report --trend reports/ [--gpu-model SUBSTRING] [--at-peak TFLOPS]
+
+``compare`` judges two runs; a slowdown that comes a little at a time, under its 3 % minimum
+effect at every step, passes every pair. This reads every sweep run of the default grid that the
+history gate reads (the runs git tracks or would track, :func:`harness.compare.tracked_results`)
+and prints, per GPU model, newest first, a markdown table with a line per run:
+
+- the commit, the run's date and how many GPUs it was dealt over;
+- the board's measured bf16 peak and copy bandwidth, on which its floors rest;
+- how many of the 24 target cases (:mod:`harness.targets`) reach 50 % of this board's floor and
+  of the floor at a fixed peak (``--at-peak``, 800 TFLOP/s by default, to compare boards);
+- P=32k and P=64k H=8 T=16 (the target cases nearest the line) with their % of floor, and
+  P=200k H=8 T=16's speedup over SGLang Triton timed in the same run;
+- the H=8 T=16 series' line (:mod:`harness.scaling`): its fixed cost and steady % of floor;
+- the run's folder.
+
+Below it, per target case, the newest run's median against the fastest earlier run of the same
+GPU model: how far the newest run sits from the best this kernel has shown there. Boards of one
+model differ by 1-3 % and by their power caps, so a few per cent there is the boards as much as
+the code; the line is shown, never gated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.compare import CompareError, gpu_model, run_grid, tracked_results
+from harness.results import Results, ResultsError, load_results
+from harness.scaling import ScalingFit, fits, prefix_text
+from harness.targets import (
+    BASELINE,
+    DEFAULT_PEAK_TFLOPS,
+    IMPL,
+    TARGET_PCT,
+    TargetRow,
+    pct_text,
+    target_rows,
+)
+
+GRID = "default"  # the grid whose targets group holds the target cases
+SERIES = {"batch_size": 1, "num_heads": 8, "tree_size": 16, "tree": "eagle", "layout": "shuffled"}
+SHOWN_CASES = ({"prefix_len": 32768, **SERIES}, {"prefix_len": 65536, **SERIES})
+SPEEDUP_CASE = {"prefix_len": 200000, **SERIES}
+
+
+@dataclass(frozen=True)
+class TrendRun:
+    """One run of the default grid as the trend shows it."""
+
+    folder: Path
+    results: Results
+    targets: list[TargetRow]  # :func:`harness.targets.target_rows` at the trend's peak
+    series: ScalingFit | None  # the H=8 T=16 series' cold line of the kernel; None: not fitted
+
+    @property
+    def sha7(self) -> str:
+        git = self.results.git if isinstance(self.results.git, dict) else {}
+        sha = git.get("sha")
+        return f"{str(sha)[:7]}{'+dirty' if git.get('dirty') else ''}" if sha else "nogit"
+
+    @property
+    def gpus(self) -> int:
+        listed = self.results.environment.get("gpus")
+        return len(listed) if isinstance(listed, list) and listed else 1
+
+    def target(self, case: dict[str, object]) -> TargetRow | None:
+        return next((t for t in self.targets if all(t.case.get(k) == v for k, v in case.items())), None)
+
+
+def _matches(fit: ScalingFit) -> bool:
+    params = dict(fit.params)
+    return fit.impl == IMPL and fit.mode == "cold" and all(params.get(k) == v for k, v in SERIES.items())
+
+
+def trend_runs(root: Path, peak_tflops: float = DEFAULT_PEAK_TFLOPS) -> dict[str, list[TrendRun]]:
+    """Every tracked sweep run of the default grid under ``root`` with a kernel row on a target
+    case, per GPU model, newest first. ResultsError when ``root`` is not a folder of runs or a
+    results file cannot be read."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ResultsError(f"--trend {root}: not a folder; expected the reports folder")
+    try:
+        files = tracked_results(root)
+    except CompareError as e:
+        raise ResultsError(str(e)) from e
+    groups: dict[str, list[TrendRun]] = {}
+    for path in files:
+        results = load_results(path)
+        if results.kind != "sweep" or run_grid(results) != GRID:
+            continue
+        targets = target_rows(results, peak_tflops)
+        if not any(t.cold is not None for t in targets):
+            continue
+        series = next((f for f in fits(results) if _matches(f)), None)
+        groups.setdefault(gpu_model(results), []).append(TrendRun(path.parent, results, targets, series))
+    for runs in groups.values():
+        runs.sort(key=lambda r: r.results.created_utc, reverse=True)
+    return dict(sorted(groups.items()))
+
+
+def _timed(t: TargetRow | None) -> bool:
+    return t is not None and t.cold is not None and t.cold.timed
+
+
+def _case_cell(t: TargetRow | None, peak_tflops: float) -> str:
+    """``31.9 (35.4 %, 35.8 at 800)``: the median us, % of this board's floor and at the peak."""
+    if not _timed(t):
+        return "-"
+    assert t is not None and t.cold is not None
+    at = "" if t.pct_at_peak is None else f", {pct_text(t.pct_at_peak)} at {peak_tflops:g}"
+    pct = "-" if t.cold.pct_of_floor is None else pct_text(t.cold.pct_of_floor)
+    return f"{t.cold.median_ms * 1e3:.1f} ({pct} %{at})"
+
+
+def _speedup_cell(t: TargetRow | None) -> str:
+    if not _timed(t):
+        return "-"
+    assert t is not None and t.cold is not None
+    base = t.baselines.get(BASELINE)
+    return "-" if base is None else f"{base.median_ms / t.cold.median_ms:.0f}x ({base.median_ms:.2f} ms)"
+
+
+def _series_cell(f: ScalingFit | None) -> str:
+    if f is None:
+        return "-"
+    steady = "-" if f.steady_pct is None else f"{f.steady_pct:.1f} %"
+    return f"{f.fixed_ms * 1e3:.1f} us, {steady}"
+
+
+def _ceiling(results: Results, key: str, digits: int) -> str:
+    value = (results.ceilings or {}).get(key)
+    return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "-"
+
+
+def _case_name(case: dict[str, object]) -> str:
+    return f"P={prefix_text(int(case['prefix_len']))} H={case['num_heads']} T={case['tree_size']}"
+
+
+def run_cells(run: TrendRun, peak_tflops: float) -> list[str]:
+    """A run's line of the trend table, in :func:`header`'s order."""
+    r = run.results
+    timed = [t for t in run.targets if _timed(t)]
+    reached = sum(t.reached for t in timed)
+    at_peak = sum(t.reached_at_peak for t in timed)
+    of = f"{len(run.targets)}" if len(timed) == len(run.targets) else f"{len(timed)} timed"
+    return [
+        run.sha7,
+        r.created_utc[:16].replace("T", " "),
+        str(run.gpus),
+        _ceiling(r, "bf16_tflops", 1),
+        _ceiling(r, "copy_bandwidth_gbs", 0),
+        f"{reached} of {of} ({at_peak} at {peak_tflops:g})",
+        *(_case_cell(run.target(c), peak_tflops) for c in SHOWN_CASES),
+        _speedup_cell(run.target(SPEEDUP_CASE)),
+        _series_cell(run.series),
+        f"`{run.folder.name}`",
+    ]
+
+
+def header(peak_tflops: float) -> list[str]:
+    return [
+        "commit",
+        "run (UTC)",
+        "GPUs",
+        "board TFLOP/s",
+        "copy GB/s",
+        f"cases >= {TARGET_PCT:g} % (at {peak_tflops:g})",
+        *(f"{_case_name(c)} us (% of floor)" for c in SHOWN_CASES),
+        f"{_case_name(SPEEDUP_CASE)} vs {BASELINE}",
+        "H=8 T=16 series: fixed, steady",
+        "folder",
+    ]
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + [
+        "| " + " | ".join(row) + " |" for row in rows
+    ]
+
+
+def best_lines(runs: Sequence[TrendRun]) -> list[str]:
+    """Per target case the newest run's median against the fastest earlier run's (markdown)."""
+    newest, earlier = runs[0], runs[1:]
+    rows = []
+    for t in newest.targets:
+        if not _timed(t):
+            continue
+        assert t.cold is not None
+        found = [(o, o.target(t.case)) for o in earlier]
+        timed = [(o, u) for o, u in found if _timed(u)]
+        if not timed:
+            continue
+        run, best = min(timed, key=lambda pair: pair[1].cold.median_ms)  # type: ignore[union-attr]
+        assert best is not None and best.cold is not None
+        change = t.cold.median_ms / best.cold.median_ms - 1.0
+        rows.append(
+            [
+                _case_name(t.case),
+                f"{t.cold.median_ms * 1e3:.1f}",
+                f"{best.cold.median_ms * 1e3:.1f} ({run.sha7}, {run.results.created_utc[:10]})",
+                f"{100 * change:+.1f} %",
+            ]
+        )
+    if not rows:
+        return []
+    return _table(["case", f"newest us ({newest.sha7})", "fastest earlier us (commit, date)", "change"], rows)
+
+
+def markdown(root: Path, peak_tflops: float = DEFAULT_PEAK_TFLOPS, gpu_filter: str | None = None) -> str:
+    """The trend of every GPU model (whose name holds ``gpu_filter``, case-insensitive) under
+    ``root``. ResultsError when no run of the default grid is there, or none of such a model."""
+    groups = trend_runs(root, peak_tflops)
+    if gpu_filter is not None:
+        groups = {m: runs for m, runs in groups.items() if gpu_filter.lower() in m.lower()}
+    if not groups:
+        which = "" if gpu_filter is None else f" of a GPU model named like {gpu_filter!r}"
+        raise ResultsError(
+            f"{root}: no tracked sweep run of the {GRID!r} grid with the kernel on a target case{which}"
+        )
+    out = []
+    for model, runs in groups.items():
+        out += [f"## {model}: {len(runs)} run(s) of the {GRID} grid, newest first", ""]
+        out += _table(header(peak_tflops), [run_cells(r, peak_tflops) for r in runs])
+        best = best_lines(runs)
+        if best:
+            out += [
+                "",
+                "The newest run against the fastest earlier run of each target case (cold median; "
+                "boards differ by 1-3 % and by their power caps: shown, not gated):",
+                "",
+                *best,
+            ]
+        out.append("")
+    return "\n".join(out)
