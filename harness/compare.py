@@ -909,6 +909,20 @@ def tracked_results(folder: Path) -> list[Path]:
     return one_per_run(sorted(p for p in paths if p.is_file()))
 
 
+def tracked_results_of_folder(root: Path, option: str) -> list[Path]:
+    """:func:`tracked_results` of the reports folder a command's ``option`` names: ResultsError
+    when it does not exist or is a file, or when git cannot list it."""
+    root = Path(root)
+    if not root.exists():
+        raise ResultsError(f"{root}: no such file or folder")
+    if not root.is_dir():
+        raise ResultsError(f"{option} {root}: a file; expected the reports folder")
+    try:
+        return tracked_results(root)
+    except CompareError as e:
+        raise ResultsError(str(e)) from e
+
+
 def _sha(side: Side) -> object:
     return side.results.git.get("sha") if isinstance(side.results.git, dict) else None
 

@@ -55,7 +55,7 @@ from typing import Any
 import pandas as pd
 
 from harness.cli import held_results, positive_number
-from harness.compare import CompareError, RunKey, run_key, tracked_results
+from harness.compare import RunKey, run_key, tracked_results_of_folder
 from harness.results import (
     RESULTS_FILE,
     RESULTS_GZ,
@@ -952,15 +952,7 @@ def prune(root: Path) -> tuple[list[Path], list[str], list[str]]:
     read, which are left alone, and one line per run that could not be pruned: its folder and the
     OS error; the other runs are pruned all the same). ResultsError when ``root`` does not exist.
     """
-    root = Path(root)
-    if not root.exists():
-        raise ResultsError(f"{root}: no such file or folder")
-    if not root.is_dir():
-        raise ResultsError(f"--prune {root}: a file; expected the reports folder")
-    try:
-        files = tracked_results(root)
-    except CompareError as e:
-        raise ResultsError(str(e)) from e
+    files = tracked_results_of_folder(root, "--prune")
     newest: dict[RunKey, tuple[str, Path]] = {}
     main_newest: dict[tuple[str, str], str] = {}  # (GPU model, kind) -> its main grid's newest run's time
     runs: list[tuple[RunKey, Path]] = []

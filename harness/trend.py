@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.compare import CompareError, gpu_model, run_grid, tracked_results
+from harness.compare import gpu_model, run_grid, tracked_results_of_folder
 from harness.results import Results, ResultsError, load_results
 from harness.scaling import ScalingFit, fits, prefix_text
 from harness.targets import (
@@ -80,13 +80,7 @@ def trend_runs(root: Path, peak_tflops: float = DEFAULT_PEAK_TFLOPS) -> dict[str
     """Every tracked sweep run of the default grid under ``root`` with a kernel row on a target
     case, per GPU model, newest first. ResultsError when ``root`` is not a folder of runs or a
     results file cannot be read."""
-    root = Path(root)
-    if not root.is_dir():
-        raise ResultsError(f"--trend {root}: not a folder; expected the reports folder")
-    try:
-        files = tracked_results(root)
-    except CompareError as e:
-        raise ResultsError(str(e)) from e
+    files = tracked_results_of_folder(root, "--trend")
     groups: dict[str, list[TrendRun]] = {}
     for path in files:
         results = load_results(path)

@@ -748,19 +748,6 @@ def test_a_case_without_usable_samples_is_written_with_nulls(tmp_path: Path, out
     )
 
 
-def test_a_verdicts_file_that_cannot_be_written_exits_2_not_1(
-    tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    a = str(save(one_case(0.1, seed=1), tmp_path / "a"))
-    b = str(save(one_case(0.1, seed=2, sha="b" * 40), tmp_path / "b"))
-    assert run_cli(a, b, "--out", str(out_dir)) == 0
-    (data,) = out_dir.glob("compare-*.json")
-    data.unlink()
-    data.mkdir()
-    assert run_cli(a, b, "--out", str(out_dir)) == 2
-    assert f"compare: --out {out_dir}: cannot write {data.name} there (" in capsys.readouterr().err
-
-
 # --- finding runs: git revisions and history --------------------------------------------------------
 
 
@@ -1258,19 +1245,20 @@ def test_gate_impls_never_ungates_a_parity_regression(tmp_path: Path, out_dir: P
     assert run_cli(str(base), str(head), "--out", str(out_dir), "--gate-impls", "verify-attn-cuda") == 1
 
 
-def test_a_compare_page_that_cannot_be_written_exits_2_not_1(
-    tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("suffix", ["html", "json"])
+def test_a_compare_file_that_cannot_be_written_exits_2_not_1(
+    tmp_path: Path, out_dir: Path, capsys: pytest.CaptureFixture[str], suffix: str
 ) -> None:
-    """1 says "regressions" to CI: a page that cannot be written (here its name is a folder) is
-    not one, and no traceback."""
+    """1 says "regressions" to CI: a page or verdicts file that cannot be written (here its name
+    is a folder) is not one, and no traceback."""
     a = str(save(one_case(0.1, seed=1), tmp_path / "a"))
     b = str(save(one_case(0.1, seed=2, sha="b" * 40), tmp_path / "b"))
     assert run_cli(a, b, "--out", str(out_dir)) == 0
-    (page,) = out_dir.glob("compare-*.html")
-    page.unlink()
-    page.mkdir()
+    (written,) = out_dir.glob(f"compare-*.{suffix}")
+    written.unlink()
+    written.mkdir()
     assert run_cli(a, b, "--out", str(out_dir)) == 2
-    assert f"compare: --out {out_dir}: cannot write {page.name} there (" in capsys.readouterr().err
+    assert f"compare: --out {out_dir}: cannot write {written.name} there (" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -129,8 +129,8 @@ def test_gpu_model_keeps_the_models_whose_name_holds_it_and_refuses_a_name_that_
         (["--trend", "{root}", "{root}/r1"], "error: --trend DIR takes no other paths"),
         (["--gpu-model", "H200", "{root}/r1"], "error: --gpu-model goes with --trend"),
         (["--trend", ""], "error: --trend is empty"),
-        (["--trend", "{root}/r1/results.json"], "not a folder; expected the reports folder"),
-        (["--trend", "{root}/nothing"], "not a folder; expected the reports folder"),
+        (["--trend", "{root}/r1/results.json"], "results.json: a file; expected the reports folder"),
+        (["--trend", "{root}/nothing"], "nothing: no such file or folder"),
         (["--trend", "{root}/r1/empty"], "no tracked sweep run of the 'default' grid"),
     ],
 )
