@@ -82,7 +82,7 @@ import torch
 from harness import compare
 from harness.batch import VerifyBatch
 from harness.cases import build_batch
-from harness.cli import REPO_ROOT, check_run_out_dir, held_results, nonempty_folder
+from harness.cli import REPO_ROOT, check_run_out_dir, held_results, nonempty_path
 from harness.env import environment, git_info
 from harness.impl_kernel import kernel_call
 from harness.registry import RunFn, impl_config_of
@@ -694,7 +694,7 @@ def register_cli(sub: Any) -> None:
     )
     p.add_argument(
         "--out",
-        type=nonempty_folder("the run's folder (created if missing)"),
+        type=nonempty_path("the run's folder (created if missing)"),
         default=None,
         help="output folder (default reports/<time>-ab-...)",
     )

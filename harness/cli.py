@@ -54,9 +54,10 @@ def shown(path: Path | str) -> Path:
     return resolved
 
 
-def nonempty_folder(what: str) -> Callable[[str], Path]:
-    """An argparse ``type`` for an ``--out`` folder: an empty value (which Path reads as the
-    current folder) is refused, the error saying ``what`` was expected."""
+def nonempty_path(what: str) -> Callable[[str], Path]:
+    """An argparse ``type`` for a path to write to (an ``--out`` folder, an ``--html`` file): an
+    empty value (which Path reads as the current folder) is refused, the error saying ``what`` was
+    expected."""
 
     def parse(text: str) -> Path:
         if not text:

@@ -134,7 +134,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from harness.cli import check_out_dir, nonempty_folder, shown
+from harness.cli import check_out_dir, nonempty_path, shown
 from harness.results import (
     ParityRow,
     Results,
@@ -1620,7 +1620,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 # ``--out``: a folder for the HTML diff and its verdicts file; an empty value is refused.
-out_folder = nonempty_folder("a folder for the HTML diff and its verdicts file")
+out_folder = nonempty_path("a folder for the HTML diff and its verdicts file")
 
 
 def parse_min_change(text: str) -> float:

@@ -12,7 +12,8 @@
     python -m harness report --trend reports/   print, per GPU model, a line per committed run of
                                                 the default grid, newest first, and each target
                                                 case's newest time against its fastest earlier
-                                                one (harness/trend.py; --gpu-model, --at-peak)
+                                                one (harness/trend.py; --gpu-model, --at-peak;
+                                                --html FILE: also a page with a plot of them)
     python -m harness report --prune reports/   compress results.json to results.json.gz and
                                                 delete index.html of every run but the newest one
                                                 per GPU model, kind and grid; of those, a run on
@@ -54,7 +55,8 @@ from typing import Any
 
 import pandas as pd
 
-from harness.cli import held_results, positive_number
+from harness import trend
+from harness.cli import held_results, nonempty_path, positive_number
 from harness.compare import RunKey, run_key, tracked_results_of_folder
 from harness.results import (
     RESULTS_FILE,
@@ -78,6 +80,7 @@ from harness.scaling import fits, prefix_text, records, text_table
 from harness.targets import (
     CAPPED_NOTE,
     DEFAULT_PEAK_TFLOPS,
+    TARGET_PCT,
     any_target,
     cells,
     count_line,
@@ -87,7 +90,6 @@ from harness.targets import (
 )
 from harness.targets import IMPL as TARGET_IMPL
 from harness.targets import markdown as targets_markdown
-from harness.trend import markdown as trend_markdown
 
 TEMPLATE = "report.html.j2"
 # Parity rows of these prefixes are controls, not implementations: mutants must fail somewhere,
@@ -819,15 +821,20 @@ def render_html(results: Results, source: str = "results.json") -> str:
     """The report page for ``results`` (``source`` names the file in errors). Results built in
     memory get the type checks that reading a file does, so :func:`write_run` never writes a
     results.json that the tools cannot read back."""
+    check_types(results.to_json(), source)
+    return _template(TEMPLATE).render(**context(results))
+
+
+def _template(name: str) -> Any:
+    """A page template of ``harness/templates``, escaping what it is given unless marked safe."""
     import jinja2
 
-    check_types(results.to_json(), source)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
     )
-    return env.get_template(TEMPLATE).render(**context(results))
+    return env.get_template(name)
 
 
 UNSHOWN_FILE = "results.unshown.json"
@@ -1066,11 +1073,90 @@ def _main_targets(paths: Sequence[str], peak_tflops: float) -> int:
     return _print_each_run(paths, show, wanted=lambda results: bool(results.sweep))
 
 
-def _main_trend(root: Path, peak_tflops: float, gpu_filter: str | None) -> int:
+# ---------------------------------------------------------------------------------------------
+# The trend over the committed runs (harness/trend.py): its page
+
+TREND_TEMPLATE = "trend.html.j2"
+TREND_OTHER_COLOR = "#b9c2cc"
+
+
+def trend_plot(runs: Sequence[trend.TrendRun], peak_tflops: float) -> str:
+    """Each target case's % of the floor at ``peak_tflops`` over ``runs`` (given newest first,
+    drawn oldest first, a run a tick): the H=8 T=16 cases of the table in colour, the others
+    grey, the target's line dashed. A base64 PNG."""
+    from matplotlib.figure import Figure
+
+    ordered = list(reversed(runs))
+    series = trend.pct_at_peak_series(ordered)
+    named = [trend.case_name(c) for c in (*trend.SHOWN_CASES, trend.SPEEDUP_CASE)]
+    fig = Figure(figsize=(max(6.0, 3.0 + 0.2 * len(ordered)), 4.2), dpi=90, layout="constrained")
+    ax = fig.subplots()
+    x = list(range(len(ordered)))
+
+    def ys(values: list[float | None]) -> list[float]:
+        return [math.nan if v is None else v for v in values]
+
+    others = [name for name in series if name not in named]
+    for i, name in enumerate(others):
+        label = f"the other {len(others)} target cases" if i == 0 else None
+        ax.plot(x, ys(series[name]), color=TREND_OTHER_COLOR, lw=0.8, label=label)
+    colors = _colors(named)
+    for name in named:
+        if name in series:
+            ax.plot(x, ys(series[name]), color=colors[name], lw=1.6, marker="o", ms=3, label=name)
+    ax.axhline(TARGET_PCT, color="#b3261e", lw=1.0, ls="--", label=f"{TARGET_PCT:g} % of the floor")
+    ax.set_xticks(x, [r.sha7 for r in ordered], rotation=90, fontsize=7)
+    ax.set_xlim(-0.5, len(ordered) - 0.5)
+    ax.set_ylabel(f"% of the floor at {peak_tflops:g} TFLOP/s")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    return _png(fig)
+
+
+def _text_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Rows of plain text as an HTML table, each cell escaped."""
+    frame = pd.DataFrame(
+        [[html.escape(c) for c in row] for row in rows], columns=[html.escape(h) for h in head]
+    )
+    return _table(frame)
+
+
+def trend_page(groups: dict[str, list[trend.TrendRun]], peak_tflops: float, source: str) -> str:
+    """The trend of each GPU model of ``groups`` (:func:`harness.trend.groups_of`) as a
+    self-contained page: a plot of every target case over the runs, the runs' table and each
+    case's newest time against its fastest earlier one. ``source`` names the reports folder."""
+    from markupsafe import Markup
+
+    models = []
+    for model, runs in groups.items():
+        best_head, best = trend.best_rows(runs)
+        models.append(
+            {
+                "title": trend.title(model, runs),
+                "plot": trend_plot(runs, peak_tflops),
+                "runs": Markup(
+                    _text_table(trend.header(peak_tflops), [trend.run_cells(r, peak_tflops) for r in runs])
+                ),
+                "best": Markup(_text_table(best_head, best)) if best else None,
+            }
+        )
+    return _template(TREND_TEMPLATE).render(
+        models=models, source=source, peak=f"{peak_tflops:g}", best_note=trend.BEST_NOTE, doc=trend.PAGE_NOTE
+    )
+
+
+def _main_trend(root: Path, peak_tflops: float, gpu_filter: str | None, html_path: Path | None) -> int:
     try:
-        print(trend_markdown(root, peak_tflops, gpu_filter))
+        groups = trend.groups_of(root, peak_tflops, gpu_filter)
+        print(trend.markdown(groups, peak_tflops))
+        if html_path is not None:
+            atomic_write_text(html_path, trend_page(groups, peak_tflops, str(root)))
+            print(f"wrote {html_path}")
     except ResultsError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: --html {html_path}: cannot write the page there: {e.strerror or e}", file=sys.stderr)
         return 2
     return 0
 
@@ -1105,9 +1191,10 @@ def main(args: argparse.Namespace) -> int:
     if args.at_peak is not None and not (args.targets or args.trend):
         print("error: --at-peak goes with --targets or --trend", file=sys.stderr)
         return 2
-    if args.gpu_model is not None and not args.trend:
-        print("error: --gpu-model goes with --trend", file=sys.stderr)
-        return 2
+    for option, value in (("--gpu-model", args.gpu_model), ("--html", args.html)):
+        if value is not None and not args.trend:
+            print(f"error: {option} goes with --trend", file=sys.stderr)
+            return 2
     if args.trend:
         if args.paths:
             print(
@@ -1117,7 +1204,7 @@ def main(args: argparse.Namespace) -> int:
             )
             return 2
         peak = DEFAULT_PEAK_TFLOPS if args.at_peak is None else args.at_peak
-        return _main_trend(Path(args.trend), peak, args.gpu_model)
+        return _main_trend(Path(args.trend), peak, args.gpu_model, args.html)
     if args.targets:
         if not args.paths:
             print("error: --targets needs a results.json or run folder", file=sys.stderr)
@@ -1225,6 +1312,13 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         "--gpu-model",
         metavar="NAME",
         help="with --trend: only GPU models whose name holds NAME (case-insensitive), e.g. H200",
+    )
+    p.add_argument(
+        "--html",
+        type=nonempty_path("a file for the trend's page"),
+        metavar="FILE",
+        help="with --trend: also write the trend as a self-contained page (a plot of every target case "
+        "over the runs, and the tables) to FILE",
     )
     p.add_argument(
         "--at-peak",

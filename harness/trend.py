@@ -130,7 +130,7 @@ def _ceiling(results: Results, key: str, digits: int) -> str:
     return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "-"
 
 
-def _case_name(case: dict[str, object]) -> str:
+def case_name(case: dict[str, object]) -> str:
     return f"P={prefix_text(int(case['prefix_len']))} H={case['num_heads']} T={case['tree_size']}"
 
 
@@ -151,7 +151,7 @@ def run_cells(run: TrendRun, peak_tflops: float) -> list[str]:
         *(_case_cell(run.target(c), peak_tflops) for c in SHOWN_CASES),
         _speedup_cell(run.target(SPEEDUP_CASE)),
         _series_cell(run.series),
-        f"`{run.folder.name}`",
+        run.folder.name,
     ]
 
 
@@ -163,8 +163,8 @@ def header(peak_tflops: float) -> list[str]:
         "board TFLOP/s",
         "copy GB/s",
         f"cases >= {TARGET_PCT:g} % (at {peak_tflops:g})",
-        *(f"{_case_name(c)} us (% of floor)" for c in SHOWN_CASES),
-        f"{_case_name(SPEEDUP_CASE)} vs {BASELINE}",
+        *(f"{case_name(c)} us (% of floor)" for c in SHOWN_CASES),
+        f"{case_name(SPEEDUP_CASE)} vs {BASELINE}",
         "H=8 T=16 series: fixed, steady",
         "folder",
     ]
@@ -176,8 +176,20 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     ]
 
 
-def best_lines(runs: Sequence[TrendRun]) -> list[str]:
-    """Per target case the newest run's median against the fastest earlier run's (markdown)."""
+def pct_at_peak_series(runs: Sequence[TrendRun]) -> dict[str, list[float | None]]:
+    """Per target case (by :func:`case_name`), its % of the floor at the trend's peak in each of
+    ``runs``, in their order; None where a run did not time it."""
+    series: dict[str, list[float | None]] = {}
+    for index, run in enumerate(runs):
+        for t in run.targets:
+            values = series.setdefault(case_name(t.case), [None] * len(runs))
+            values[index] = t.pct_at_peak if _timed(t) else None
+    return series
+
+
+def best_rows(runs: Sequence[TrendRun]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows): per target case the newest run's median against the fastest earlier
+    run's; no rows where no earlier run timed a case the newest one did."""
     newest, earlier = runs[0], runs[1:]
     rows = []
     for t in newest.targets:
@@ -193,20 +205,29 @@ def best_lines(runs: Sequence[TrendRun]) -> list[str]:
         change = t.cold.median_ms / best.cold.median_ms - 1.0
         rows.append(
             [
-                _case_name(t.case),
+                case_name(t.case),
                 f"{t.cold.median_ms * 1e3:.1f}",
                 f"{best.cold.median_ms * 1e3:.1f} ({run.sha7}, {run.results.created_utc[:10]})",
                 f"{100 * change:+.1f} %",
             ]
         )
-    if not rows:
-        return []
-    return _table(["case", f"newest us ({newest.sha7})", "fastest earlier us (commit, date)", "change"], rows)
+    return ["case", f"newest us ({newest.sha7})", "fastest earlier us (commit, date)", "change"], rows
 
 
-def markdown(root: Path, peak_tflops: float = DEFAULT_PEAK_TFLOPS, gpu_filter: str | None = None) -> str:
-    """The trend of every GPU model (whose name holds ``gpu_filter``, case-insensitive) under
-    ``root``. ResultsError when no run of the default grid is there, or none of such a model."""
+PAGE_NOTE = (
+    "compare gates pairs of runs at a 3 % minimum effect; this shows what a run of small steps "
+    "adds up to. Each board's floor rests on its own measured peak and bandwidth; the plot fixes "
+    "the peak so that boards compare. Shown, not gated."
+)
+BEST_NOTE = (
+    "The newest run against the fastest earlier run of each target case (cold median; boards "
+    "differ by 1-3 % and by their power caps: shown, not gated)"
+)
+
+
+def groups_of(root: Path, peak_tflops: float, gpu_filter: str | None = None) -> dict[str, list[TrendRun]]:
+    """:func:`trend_runs` of the GPU models whose name holds ``gpu_filter`` (case-insensitive).
+    ResultsError when no run of the default grid is there, or none of such a model."""
     groups = trend_runs(root, peak_tflops)
     if gpu_filter is not None:
         groups = {m: runs for m, runs in groups.items() if gpu_filter.lower() in m.lower()}
@@ -215,18 +236,22 @@ def markdown(root: Path, peak_tflops: float = DEFAULT_PEAK_TFLOPS, gpu_filter: s
         raise ResultsError(
             f"{root}: no tracked sweep run of the {GRID!r} grid with the kernel on a target case{which}"
         )
+    return groups
+
+
+def title(model: str, runs: Sequence[TrendRun]) -> str:
+    return f"{model}: {len(runs)} run(s) of the {GRID} grid, newest first"
+
+
+def markdown(groups: dict[str, list[TrendRun]], peak_tflops: float = DEFAULT_PEAK_TFLOPS) -> str:
+    """The trend of each GPU model of ``groups`` (:func:`groups_of`) as markdown."""
     out = []
     for model, runs in groups.items():
-        out += [f"## {model}: {len(runs)} run(s) of the {GRID} grid, newest first", ""]
-        out += _table(header(peak_tflops), [run_cells(r, peak_tflops) for r in runs])
-        best = best_lines(runs)
+        out += [f"## {title(model, runs)}", ""]
+        rows = [run_cells(r, peak_tflops) for r in runs]
+        out += _table(header(peak_tflops), [[*cells[:-1], f"`{cells[-1]}`"] for cells in rows])
+        best_head, best = best_rows(runs)
         if best:
-            out += [
-                "",
-                "The newest run against the fastest earlier run of each target case (cold median; "
-                "boards differ by 1-3 % and by their power caps: shown, not gated):",
-                "",
-                *best,
-            ]
+            out += ["", f"{BEST_NOTE}:", "", *_table(best_head, best)]
         out.append("")
     return "\n".join(out)

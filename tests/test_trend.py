@@ -73,7 +73,7 @@ def test_a_runs_line_counts_its_targets_and_shows_the_cases_nearest_the_line(tmp
     assert cells["P=32k H=8 T=16 us (% of floor)"].startswith(f"{us:.1f} (35.0 %, ")
     # just under the line reads with two decimals, as the targets table has it
     assert cells["P=64k H=8 T=16 us (% of floor)"].split("(")[1].startswith("49.96 %")
-    assert cells["folder"] == "`r1`"
+    assert cells["folder"] == "r1"
 
 
 def test_the_speedup_cell_is_the_baselines_time_over_the_kernels_in_the_same_run(tmp_path: Path) -> None:
@@ -92,22 +92,23 @@ def test_the_newest_run_is_set_against_the_fastest_earlier_run_of_each_case(tmp_
     save(a_run(2, {(32768, 8, 16): 50.0}, sha="2"), tmp_path / "r2")  # the fastest at P=32k
     save(a_run(3, {(32768, 8, 16): 45.0}, sha="3"), tmp_path / "r3")  # the newest
     runs = trend.trend_runs(tmp_path)["NVIDIA H200"]
-    lines = {line.split("|")[1].strip(): line for line in trend.best_lines(runs)[2:]}
+    head, rows = trend.best_rows(runs)
+    assert head[1] == "newest us (3333333)"
+    lines = {r[0]: r for r in rows}
     assert len(lines) == len(ISSUE_CASES)
-    p32k = [c.strip() for c in lines["P=32k H=8 T=16"].strip("|").split("|")]
     newest, fastest = 0.1 * 100 / 45.0 * 1e3, 0.1 * 100 / 50.0 * 1e3
-    assert p32k[1:] == [
+    assert lines["P=32k H=8 T=16"][1:] == [
         f"{newest:.1f}",
         f"{fastest:.1f} (2222222, 2025-12-02)",
         f"{100 * (newest / fastest - 1):+.1f} %",
     ]
     # every run at 60 % elsewhere: no change
-    assert [c.strip() for c in lines["P=64k H=8 T=16"].strip("|").split("|")][3] == "+0.0 %"
+    assert lines["P=64k H=8 T=16"][3] == "+0.0 %"
 
 
 def test_one_run_has_no_earlier_run_to_be_set_against(tmp_path: Path) -> None:
     save(a_run(1, sha="1"), tmp_path / "r1")
-    text = trend.markdown(tmp_path)
+    text = trend.markdown(trend.groups_of(tmp_path, 800.0))
     assert "## NVIDIA H200: 1 run(s) of the default grid, newest first" in text
     assert "fastest earlier" not in text
 
@@ -117,10 +118,9 @@ def test_gpu_model_keeps_the_models_whose_name_holds_it_and_refuses_a_name_that_
 ) -> None:
     save(a_run(1, sha="1"), tmp_path / "r1")
     save(a_run(2, sha="2", gpu="NVIDIA H100 80GB HBM3"), tmp_path / "h100")
-    text = trend.markdown(tmp_path, gpu_filter="h100")
-    assert "NVIDIA H100 80GB HBM3" in text and "## NVIDIA H200" not in text
+    assert list(trend.groups_of(tmp_path, 800.0, gpu_filter="h100")) == ["NVIDIA H100 80GB HBM3"]
     with pytest.raises(ResultsError, match="of a GPU model named like 'B200'"):
-        trend.markdown(tmp_path, gpu_filter="B200")
+        trend.groups_of(tmp_path, 800.0, gpu_filter="B200")
 
 
 @pytest.mark.parametrize(
@@ -128,6 +128,7 @@ def test_gpu_model_keeps_the_models_whose_name_holds_it_and_refuses_a_name_that_
     [
         (["--trend", "{root}", "{root}/r1"], "error: --trend DIR takes no other paths"),
         (["--gpu-model", "H200", "{root}/r1"], "error: --gpu-model goes with --trend"),
+        (["--html", "{root}/t.html", "{root}/r1"], "error: --html goes with --trend"),
         (["--trend", ""], "error: --trend is empty"),
         (["--trend", "{root}/r1/results.json"], "results.json: a file; expected the reports folder"),
         (["--trend", "{root}/nothing"], "nothing: no such file or folder"),
@@ -150,6 +151,36 @@ def test_report_trend_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert "| commit | run (UTC) | GPUs | board TFLOP/s | copy GB/s | cases >= 50 % (at 700) |" in out
     assert out.index("| 2222222 |") < out.index("| 1111111 |")
+    assert "| `r2` |" in out
+
+
+def test_the_trend_page_holds_a_plot_and_both_tables_per_gpu_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = tmp_path / "runs"
+    save(a_run(1, sha="1"), runs / "r1")
+    save(a_run(2, sha="2"), runs / "r2")
+    save(a_run(3, sha="3", gpu="NVIDIA H100 80GB HBM3"), runs / "h100")
+    page = tmp_path / "out" / "trend.html"
+    assert cli_main(["report", "--trend", str(runs), "--html", str(page)]) == 0
+    assert f"wrote {page}" in capsys.readouterr().out
+    text = page.read_text()
+    assert text.count('src="data:image/png;base64,') == 2  # one plot per GPU model
+    assert "NVIDIA H200: 2 run(s) of the default grid, newest first" in text
+    assert "NVIDIA H100 80GB HBM3: 1 run(s) of the default grid, newest first" in text
+    assert text.count("fastest earlier us") == 1  # only the H200 has an earlier run
+    assert "<td>r2</td>" in text and "<td>2222222</td>" in text
+    assert not list(page.parent.glob(".*.tmp"))
+
+
+def test_a_trend_page_that_cannot_be_written_exits_2_naming_html(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save(a_run(1, sha="1"), tmp_path / "r1")
+    folder = tmp_path / "taken"
+    folder.mkdir()
+    assert cli_main(["report", "--trend", str(tmp_path / "r1"), "--html", str(folder)]) == 2
+    assert f"error: --html {folder}: cannot write the page there" in capsys.readouterr().err
 
 
 # --- the README's tables of formal runs, against the runs they cite -----------------------------
