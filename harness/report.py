@@ -1145,9 +1145,10 @@ def trend_page(groups: dict[str, list[trend.TrendRun]], peak_tflops: float, sour
     )
 
 
-def _main_trend(root: Path, peak_tflops: float, gpu_filter: str | None, html_path: Path | None) -> int:
+def _main_trend(args: argparse.Namespace, peak_tflops: float) -> int:
+    root, html_path = Path(args.trend), args.html
     try:
-        groups = trend.groups_of(root, peak_tflops, gpu_filter)
+        groups = trend.groups_of(root, peak_tflops, args.gpu_model, args.grid, args.impl)
         print(trend.markdown(groups, peak_tflops))
         if html_path is not None:
             atomic_write_text(html_path, trend_page(groups, peak_tflops, str(root)))
@@ -1191,7 +1192,12 @@ def main(args: argparse.Namespace) -> int:
     if args.at_peak is not None and not (args.targets or args.trend):
         print("error: --at-peak goes with --targets or --trend", file=sys.stderr)
         return 2
-    for option, value in (("--gpu-model", args.gpu_model), ("--html", args.html)):
+    for option, value in (
+        ("--gpu-model", args.gpu_model),
+        ("--html", args.html),
+        ("--grid", args.grid),
+        ("--impl", args.impl),
+    ):
         if value is not None and not args.trend:
             print(f"error: {option} goes with --trend", file=sys.stderr)
             return 2
@@ -1204,7 +1210,9 @@ def main(args: argparse.Namespace) -> int:
             )
             return 2
         peak = DEFAULT_PEAK_TFLOPS if args.at_peak is None else args.at_peak
-        return _main_trend(Path(args.trend), peak, args.gpu_model, args.html)
+        args.grid = args.grid or trend.GRID
+        args.impl = args.impl or TARGET_IMPL
+        return _main_trend(args, peak)
     if args.targets:
         if not args.paths:
             print("error: --targets needs a results.json or run folder", file=sys.stderr)
@@ -1312,6 +1320,17 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         "--gpu-model",
         metavar="NAME",
         help="with --trend: only GPU models whose name holds NAME (case-insensitive), e.g. H200",
+    )
+    p.add_argument(
+        "--grid",
+        metavar="NAME",
+        help=f"with --trend: the runs of this grid (default {trend.GRID}; sm120 times sm_120's entries)",
+    )
+    p.add_argument(
+        "--impl",
+        metavar="NAME",
+        help=f"with --trend: the kernel's registry entry whose rows to follow (default {TARGET_IMPL}; "
+        "on the sm120 grid verify-attn-cuda-small or verify-attn-cuda-small-m32)",
     )
     p.add_argument(
         "--html",

@@ -98,9 +98,13 @@ def _floor_at_peak_ms(row: SweepRow, copy_gbs: float | None, peak_tflops: float)
 
 
 def target_rows(
-    results: Results, peak_tflops: float = DEFAULT_PEAK_TFLOPS, cases: Sequence[dict[str, Any]] | None = None
+    results: Results,
+    peak_tflops: float = DEFAULT_PEAK_TFLOPS,
+    cases: Sequence[dict[str, Any]] | None = None,
+    impl: str = IMPL,
 ) -> list[TargetRow]:
-    """One :class:`TargetRow` per target case (P, then H, then T), from the run's one-GPU rows."""
+    """One :class:`TargetRow` per target case (P, then H, then T), from the run's one-GPU rows of
+    ``impl`` (the kernel's registry entry; the others' cold rows are its baselines)."""
     if not peak_tflops > 0:
         raise ResultsError(f"--at-peak must be a positive TFLOP/s figure, got {peak_tflops!r}")
     copy_gbs = (results.ceilings or {}).get("copy_bandwidth_gbs")
@@ -112,13 +116,13 @@ def target_rows(
         def pick(impl: str, mode: str, mine: list[SweepRow] = mine) -> SweepRow | None:
             return next((r for r in mine if r.impl == impl and r.mode == mode), None)
 
-        cold = pick(IMPL, "cold")
+        cold = pick(impl, "cold")
         pct = None
         if cold is not None and cold.timed:
             floor = _floor_at_peak_ms(cold, copy_gbs, peak_tflops)
             pct = None if floor is None else 100.0 * floor / cold.median_ms
-        baselines = {r.impl: r for r in mine if r.impl != IMPL and r.mode == "cold" and r.timed}
-        out.append(TargetRow(case, cold, pick(IMPL, "graph"), baselines, pct))
+        baselines = {r.impl: r for r in mine if r.impl != impl and r.mode == "cold" and r.timed}
+        out.append(TargetRow(case, cold, pick(impl, "graph"), baselines, pct))
     return out
 
 

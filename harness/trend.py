@@ -1,6 +1,7 @@
 """The kernel's history on each GPU model: one line per committed run of the default grid.
 
     python -m harness report --trend reports/ [--gpu-model SUBSTRING] [--at-peak TFLOPS]
+                                              [--grid sm120 --impl verify-attn-cuda-small]
 
 ``compare`` judges two runs; a slowdown that comes a little at a time, under its 3 % minimum
 effect at every step, passes every pair. This reads every sweep run of the default grid that the
@@ -20,6 +21,10 @@ Below it, per target case, the newest run's median against the fastest earlier r
 GPU model: how far the newest run sits from the best this kernel has shown there. Boards of one
 model differ by 1-3 % and by their power caps, so a few per cent there is the boards as much as
 the code; the line is shown, never gated.
+
+``--grid`` and ``--impl`` follow another grid that times the target cases and another registry
+entry of the kernel: ``--grid sm120 --impl verify-attn-cuda-small`` (or ``-small-m32``) is the
+mma.sync path that sm_120 runs, timed on whatever GPU ran the grid.
 """
 
 from __future__ import annotations
@@ -49,10 +54,12 @@ SPEEDUP_CASE = {"prefix_len": 200000, **SERIES}
 
 @dataclass(frozen=True)
 class TrendRun:
-    """One run of the default grid as the trend shows it."""
+    """One run as the trend shows it."""
 
     folder: Path
     results: Results
+    grid: str
+    impl: str  # the kernel's registry entry whose rows the line reads
     targets: list[TargetRow]  # :func:`harness.targets.target_rows` at the trend's peak
     series: ScalingFit | None  # the H=8 T=16 series' cold line of the kernel; None: not fitted
 
@@ -71,26 +78,29 @@ class TrendRun:
         return next((t for t in self.targets if all(t.case.get(k) == v for k, v in case.items())), None)
 
 
-def _matches(fit: ScalingFit) -> bool:
+def _matches(fit: ScalingFit, impl: str) -> bool:
     params = dict(fit.params)
-    return fit.impl == IMPL and fit.mode == "cold" and all(params.get(k) == v for k, v in SERIES.items())
+    return fit.impl == impl and fit.mode == "cold" and all(params.get(k) == v for k, v in SERIES.items())
 
 
-def trend_runs(root: Path, peak_tflops: float = DEFAULT_PEAK_TFLOPS) -> dict[str, list[TrendRun]]:
-    """Every tracked sweep run of the default grid under ``root`` with a kernel row on a target
-    case, per GPU model, newest first. ResultsError when ``root`` is not a folder of runs or a
-    results file cannot be read."""
+def trend_runs(
+    root: Path, peak_tflops: float = DEFAULT_PEAK_TFLOPS, grid: str = GRID, impl: str = IMPL
+) -> dict[str, list[TrendRun]]:
+    """Every tracked sweep run of ``grid`` under ``root`` with a row of ``impl`` on a target case,
+    per GPU model, newest first. ResultsError when ``root`` is not a folder of runs or a results
+    file cannot be read."""
     files = tracked_results_of_folder(root, "--trend")
     groups: dict[str, list[TrendRun]] = {}
     for path in files:
         results = load_results(path)
-        if results.kind != "sweep" or run_grid(results) != GRID:
+        if results.kind != "sweep" or run_grid(results) != grid:
             continue
-        targets = target_rows(results, peak_tflops)
+        targets = target_rows(results, peak_tflops, impl=impl)
         if not any(t.cold is not None for t in targets):
             continue
-        series = next((f for f in fits(results) if _matches(f)), None)
-        groups.setdefault(gpu_model(results), []).append(TrendRun(path.parent, results, targets, series))
+        series = next((f for f in fits(results) if _matches(f, impl)), None)
+        run = TrendRun(path.parent, results, grid, impl, targets, series)
+        groups.setdefault(gpu_model(results), []).append(run)
     for runs in groups.values():
         runs.sort(key=lambda r: r.results.created_utc, reverse=True)
     return dict(sorted(groups.items()))
@@ -225,22 +235,25 @@ BEST_NOTE = (
 )
 
 
-def groups_of(root: Path, peak_tflops: float, gpu_filter: str | None = None) -> dict[str, list[TrendRun]]:
+def groups_of(
+    root: Path, peak_tflops: float, gpu_filter: str | None = None, grid: str = GRID, impl: str = IMPL
+) -> dict[str, list[TrendRun]]:
     """:func:`trend_runs` of the GPU models whose name holds ``gpu_filter`` (case-insensitive).
-    ResultsError when no run of the default grid is there, or none of such a model."""
-    groups = trend_runs(root, peak_tflops)
+    ResultsError when no such run is there, or none of such a model."""
+    groups = trend_runs(root, peak_tflops, grid, impl)
     if gpu_filter is not None:
         groups = {m: runs for m, runs in groups.items() if gpu_filter.lower() in m.lower()}
     if not groups:
         which = "" if gpu_filter is None else f" of a GPU model named like {gpu_filter!r}"
         raise ResultsError(
-            f"{root}: no tracked sweep run of the {GRID!r} grid with the kernel on a target case{which}"
+            f"{root}: no tracked sweep run of the {grid!r} grid with a row of {impl} on a target case{which}"
         )
     return groups
 
 
 def title(model: str, runs: Sequence[TrendRun]) -> str:
-    return f"{model}: {len(runs)} run(s) of the {GRID} grid, newest first"
+    impl = "" if runs[0].impl == IMPL else f", {runs[0].impl}"
+    return f"{model}: {len(runs)} run(s) of the {runs[0].grid} grid{impl}, newest first"
 
 
 def markdown(groups: dict[str, list[TrendRun]], peak_tflops: float = DEFAULT_PEAK_TFLOPS) -> str:

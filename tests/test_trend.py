@@ -62,6 +62,34 @@ def test_the_trend_reads_the_default_grids_runs_per_gpu_model_newest_first(tmp_p
     assert [r.sha7 for r in groups["NVIDIA H100 80GB HBM3"]] == ["2222222"]
 
 
+def test_grid_and_impl_follow_another_grid_and_registry_entry(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The sm120 grid times sm_120's entries (verify-attn-cuda-small, -small-m32) on the target
+    cases; the default grid's runs and the other entry stay out of their trend."""
+    save(a_run(1, sha="1"), tmp_path / "default")
+    sm120 = a_run(2, {(32768, 8, 16): 20.0}, sha="2", command="python -m harness sweep --grid sm120")
+    small = [replace(r, impl="verify-attn-cuda-small") for r in sm120.sweep]
+    m32 = [replace(r, impl="verify-attn-cuda-small-m32", median_ms=r.median_ms / 2) for r in sm120.sweep]
+    save(replace(sm120, sweep=small + m32), tmp_path / "sm120")
+    groups = trend.groups_of(tmp_path, 800.0, grid="sm120", impl="verify-attn-cuda-small")
+    (run,) = groups["NVIDIA H200"]
+    assert run.folder.name == "sm120" and trend.title("NVIDIA H200", [run]).startswith(
+        "NVIDIA H200: 1 run(s) of the sm120 grid, verify-attn-cuda-small, newest first"
+    )
+    cells = dict(zip(trend.header(800.0), trend.run_cells(run, 800.0), strict=True))
+    assert cells["P=32k H=8 T=16 us (% of floor)"].startswith(f"{0.1 * 100 / 20.0 * 1e3:.1f} (20.0 %")
+    with pytest.raises(
+        ResultsError, match="no tracked sweep run of the 'sm120' grid with a row of verify-attn-cuda "
+    ):
+        trend.groups_of(tmp_path, 800.0, grid="sm120")
+    assert (
+        cli_main(["report", "--trend", str(tmp_path), "--grid", "sm120", "--impl", "verify-attn-cuda-small"])
+        == 0
+    )
+    assert "| 2222222 |" in capsys.readouterr().out
+
+
 def test_a_runs_line_counts_its_targets_and_shows_the_cases_nearest_the_line(tmp_path: Path) -> None:
     pcts = {(32768, 8, 16): 35.0, (65536, 8, 16): 49.96}
     save(a_run(1, pcts, sha="1"), tmp_path / "r1")
@@ -129,6 +157,8 @@ def test_gpu_model_keeps_the_models_whose_name_holds_it_and_refuses_a_name_that_
         (["--trend", "{root}", "{root}/r1"], "error: --trend DIR takes no other paths"),
         (["--gpu-model", "H200", "{root}/r1"], "error: --gpu-model goes with --trend"),
         (["--html", "{root}/t.html", "{root}/r1"], "error: --html goes with --trend"),
+        (["--grid", "sm120", "{root}/r1"], "error: --grid goes with --trend"),
+        (["--impl", "verify-attn-cuda-small", "{root}/r1"], "error: --impl goes with --trend"),
         (["--trend", ""], "error: --trend is empty"),
         (["--trend", "{root}/r1/results.json"], "results.json: a file; expected the reports folder"),
         (["--trend", "{root}/nothing"], "nothing: no such file or folder"),
