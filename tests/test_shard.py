@@ -736,24 +736,27 @@ def test_an_interrupted_tp_run_removes_its_files_and_its_ranks_stop_without_a_tr
     assert not any(temp.glob("verify-attention-tp-*")) and not (tmp_path / "tp").exists()
 
 
-def test_a_tp_cpu_run_pairs_every_rounds_samples_across_two_ranks(
-    grid_file: Path, run_temp: Path, tmp_path: Path
+@pytest.mark.parametrize("tp", [2, 8])
+def test_a_tp_cpu_run_pairs_every_rounds_samples_across_its_ranks(
+    grid_file: Path, run_temp: Path, tmp_path: Path, tp: int
 ) -> None:
+    """Two ranks, and the eight of the target box (8 GPUs, TP8: one head a rank here)."""
     out = tmp_path / "tp"
-    assert cli_main(_args(grid_file, out, "--tp", "2")) == 0
+    assert cli_main(_args(grid_file, out, "--tp", str(tp))) == 0
     results = load_results(out)
-    assert len(results.sweep) == 3 * len(CASES)
+    assert len(results.sweep) == (1 + tp) * len(CASES)
     for i, case in enumerate(CASES):
-        step, *ranks = results.sweep[3 * i : 3 * i + 3]
-        assert step.case_id == f"{case}-tp2" and step.params["num_heads"] == 8 and step.tp_size == 2
-        assert [r.case_id for r in ranks] == [f"{case}-tp2-rank0", f"{case}-tp2-rank1"]
-        assert [(r.tp_rank, r.gpu_index, r.params["num_heads"]) for r in ranks] == [(0, 0, 4), (1, 1, 4)]
-        assert len(ranks[0].samples_ms) == len(ranks[1].samples_ms) >= 3
-        assert step.samples_ms == [
-            max(a, b) for a, b in zip(ranks[0].samples_ms, ranks[1].samples_ms, strict=True)
+        step, *ranks = results.sweep[(1 + tp) * i : (1 + tp) * (i + 1)]
+        assert step.case_id == f"{case}-tp{tp}" and step.params["num_heads"] == 8 and step.tp_size == tp
+        assert [r.case_id for r in ranks] == [f"{case}-tp{tp}-rank{k}" for k in range(tp)]
+        assert [(r.tp_rank, r.gpu_index, r.params["num_heads"]) for r in ranks] == [
+            (k, k, 8 // tp) for k in range(tp)
         ]
-        assert step.bytes == ranks[0].bytes + ranks[1].bytes
-        assert ranks[0].repro.endswith("--tp 2")
+        n = len(ranks[0].samples_ms)
+        assert n >= 3 and all(len(r.samples_ms) == n for r in ranks)
+        assert step.samples_ms == [max(s) for s in zip(*(r.samples_ms for r in ranks), strict=True)]
+        assert step.bytes == sum(r.bytes for r in ranks)
+        assert all(r.repro.endswith(f"--tp {tp}") for r in ranks)
     assert (out / "index.html").is_file() and not any(run_temp.iterdir())
 
 
