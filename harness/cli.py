@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import importlib
 import math
+import os
 import signal
 import sys
 import tempfile
@@ -163,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader of stdout went away (``| head``): say nothing more, and leave no traceback,
+        # nor one from the interpreter's last flush of stdout at exit (the Python docs' recipe).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 @contextlib.contextmanager

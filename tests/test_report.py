@@ -11,6 +11,7 @@ import base64
 import json
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from dataclasses import replace
@@ -491,6 +492,22 @@ def test_report_refuses_two_inputs_that_would_write_one_page_and_writes_none(tmp
     # one run named twice (its folder and its file) is rendered once
     assert cli_main(["report", str(run), str(run / "results.json")]) == 0
     assert capsys.readouterr().out.count("wrote ") == 1
+
+
+def test_a_report_whose_reader_goes_away_exits_1_without_a_traceback() -> None:
+    """``report --scaling RUN | head -1``: the reader closes the pipe (here before the command
+    writes anything), and the command stops without a BrokenPipeError's traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "report", "--scaling", str(SWEEP)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=Path(__file__).parents[1],
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 1
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
 
 
 def test_report_cli_regenerates_index_html_from_results_json(tmp_path: Path, capsys) -> None:
