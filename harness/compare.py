@@ -122,7 +122,7 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -534,6 +534,13 @@ def run_key(results: Results) -> RunKey:
     return RunKey(gpu_model(results), results.kind, run_grid(results))
 
 
+def sha7_of(results: Results) -> str:
+    """The run's commit in seven digits, ``+dirty`` for a tree with changes; "nogit" without one."""
+    git = results.git if isinstance(results.git, dict) else {}
+    sha = git.get("sha")
+    return f"{str(sha)[:7]}{'+dirty' if git.get('dirty') else ''}" if sha else "nogit"
+
+
 @dataclass(frozen=True)
 class Side:
     """One run as it enters a comparison: where it came from, and its results."""
@@ -548,9 +555,7 @@ class Side:
 
     @property
     def sha7(self) -> str:
-        sha = self.results.git.get("sha") if isinstance(self.results.git, dict) else None
-        dirty = "+dirty" if isinstance(self.results.git, dict) and self.results.git.get("dirty") else ""
-        return f"{str(sha)[:7]}{dirty}" if sha else "nogit"
+        return sha7_of(self.results)
 
 
 @dataclass(frozen=True)
@@ -1233,16 +1238,7 @@ def _number(x: float | None) -> float | None:
 
 
 def _stats_record(s: SampleStats | None) -> dict[str, float | int] | None:
-    if s is None:
-        return None
-    return {
-        "n": s.n,
-        "min_ms": s.min_ms,
-        "q1_ms": s.q1_ms,
-        "median_ms": s.median_ms,
-        "q3_ms": s.q3_ms,
-        "max_ms": s.max_ms,
-    }
+    return None if s is None else asdict(s)
 
 
 def _fit_record(f: ScalingFit) -> dict[str, Any]:

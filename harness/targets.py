@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.results import Results, ResultsError, SweepRow
+from harness.text import markdown_table
 
 try:
     import tomllib
@@ -214,10 +215,9 @@ def markdown(
     """The target table (markdown, a reached % of floor in bold) and the lines that count it;
     ``rows``: the run's :func:`target_rows` at ``peak_tflops`` where the caller has them."""
     rows = target_rows(results, peak_tflops) if rows is None else rows
-    head = header(peak_tflops)
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for t in rows:
-        lines.append("| " + " | ".join(f"**{text}**" if hit else text for text, hit in cells(t)) + " |")
+    lines = markdown_table(
+        header(peak_tflops), [[f"**{text}**" if hit else text for text, hit in cells(t)] for t in rows]
+    )
     lines += ["", f"{count_line(results, rows, peak_tflops)} {CAPPED_NOTE}", speedup_line(rows)]
     return "\n".join(lines)
 

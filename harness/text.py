@@ -1,4 +1,5 @@
-"""Plain-text tables for the command line (compare's verdicts, the scaling fits)."""
+"""Plain-text tables for the command line (compare's verdicts, the scaling fits) and markdown tables
+(the target cases, the trend)."""
 
 from __future__ import annotations
 
@@ -14,3 +15,8 @@ def columns(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
     return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """``rows`` under ``header`` as the lines of a markdown table."""
+    return [f"| {' | '.join(header)} |", "|" + "---|" * len(header), *(f"| {' | '.join(r)} |" for r in rows)]

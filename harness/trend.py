@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.compare import gpu_model, run_grid, tracked_results_of_folder
+from harness.compare import gpu_model, run_grid, sha7_of, tracked_results_of_folder
 from harness.results import Results, ResultsError, load_results
 from harness.scaling import ScalingFit, fits, prefix_text
 from harness.targets import (
@@ -45,6 +45,7 @@ from harness.targets import (
     pct_text,
     target_rows,
 )
+from harness.text import markdown_table
 
 GRID = "default"  # the grid whose targets group holds the target cases
 SERIES = {"batch_size": 1, "num_heads": 8, "tree_size": 16, "tree": "eagle", "layout": "shuffled"}
@@ -65,9 +66,7 @@ class TrendRun:
 
     @property
     def sha7(self) -> str:
-        git = self.results.git if isinstance(self.results.git, dict) else {}
-        sha = git.get("sha")
-        return f"{str(sha)[:7]}{'+dirty' if git.get('dirty') else ''}" if sha else "nogit"
+        return sha7_of(self.results)
 
     @property
     def gpus(self) -> int:
@@ -180,12 +179,6 @@ def header(peak_tflops: float) -> list[str]:
     ]
 
 
-def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + [
-        "| " + " | ".join(row) + " |" for row in rows
-    ]
-
-
 def pct_at_peak_series(runs: Sequence[TrendRun]) -> dict[str, list[float | None]]:
     """Per target case (by :func:`case_name`), its % of the floor at the trend's peak in each of
     ``runs``, in their order; None where a run did not time it."""
@@ -262,9 +255,9 @@ def markdown(groups: dict[str, list[TrendRun]], peak_tflops: float = DEFAULT_PEA
     for model, runs in groups.items():
         out += [f"## {title(model, runs)}", ""]
         rows = [run_cells(r, peak_tflops) for r in runs]
-        out += _table(header(peak_tflops), [[*cells[:-1], f"`{cells[-1]}`"] for cells in rows])
+        out += markdown_table(header(peak_tflops), [[*cells[:-1], f"`{cells[-1]}`"] for cells in rows])
         best_head, best = best_rows(runs)
         if best:
-            out += ["", f"{BEST_NOTE}:", "", *_table(best_head, best)]
+            out += ["", f"{BEST_NOTE}:", "", *markdown_table(best_head, best)]
         out.append("")
     return "\n".join(out)
